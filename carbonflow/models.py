@@ -1,0 +1,327 @@
+"""Core types shared by every part of carbonflow (DESIGN.md "Core types").
+
+They are pydantic models so that they validate user input with errors that name the field,
+the value and what is allowed, and travel as JSON over XCom, MLflow artifacts and the
+``carbonflow run`` wrapper's plan/result files. All datetimes are timezone-aware UTC.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SignalKind = Literal["average-direct", "average-lifecycle", "marginal"]
+"""What a carbon-intensity number means; never mix kinds in one comparison."""
+
+EnergyLabel = Literal["measured", "estimated", "simulated"]
+"""How an energy figure was obtained. Anything not read from a hardware counter says so."""
+
+DeviceKind = Literal["gpu", "cpu"]
+
+_OBJECTIVE_RE = re.compile(r"^(carbon|energy|time|edp|eds:(?P<k>[0-9.]+)|zeus:(?P<eta>[0-9.]+))$")
+OBJECTIVES_HELP = "one of carbon, energy, time, edp, eds:<k> with k >= 1, zeus:<eta> with 0 <= eta <= 1"
+JOB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+def _as_utc(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError(f"datetime {value.isoformat()} has no time zone; give it in UTC, e.g. '2023-03-15T06:00Z'")
+    return value.astimezone(UTC)
+
+
+UtcDatetime = Annotated[datetime, AfterValidator(_as_utc)]
+
+
+def parse_objective(objective: str) -> tuple[str, float | None]:
+    """Split an objective string into its name and parameter (k of eds:k, eta of zeus:eta)."""
+    match = _OBJECTIVE_RE.match(objective)
+    if not match:
+        raise ValueError(f"objective={objective!r} is not allowed; use {OBJECTIVES_HELP}")
+    if match.group("k") is not None:
+        k = float(match.group("k"))
+        if k < 1:
+            raise ValueError(f"objective={objective!r}: k must be >= 1")
+        return "eds", k
+    if match.group("eta") is not None:
+        eta = float(match.group("eta"))
+        if not 0 <= eta <= 1:
+            raise ValueError(f"objective={objective!r}: eta must be between 0 and 1")
+        return "zeus", eta
+    return objective, None
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
+
+
+class SimulatedGpuSpec(_Model):
+    """Which published Zeus measurement a simulated GPU replays (always labelled simulated)."""
+
+    gpu_model: Literal["V100", "A40", "RTX6000", "P100"] = "V100"
+    dataset: str = "cifar100"
+    network: str = "shufflenetv2"
+    batch_size: int | None = Field(default=None, gt=0, description="None: the workload's default b0")
+    optimizer: str | None = None
+    count: int = Field(default=1, ge=1, le=16, description="simulated GPUs on this node")
+
+
+class JobSpec(_Model):
+    """A recurring training job: what to run, on what, how much, where and by when."""
+
+    name: str = Field(description="recurring key; the same name every night")
+    workload: str | None = Field(default=None, description="built-in workload, e.g. 'digits_cnn'")
+    command: list[str] | None = Field(default=None, description="command to run instead of a workload")
+    image: str | None = Field(default=None, description="container image for the Kubernetes backend")
+    device_kind: DeviceKind = "gpu"
+    simulated_gpu: SimulatedGpuSpec | None = Field(
+        default=None, description="replay a Zeus-measured GPU instead of NVML (labelled simulated)"
+    )
+    min_containers: int = Field(default=1, ge=1, le=64)
+    max_containers: int = Field(default=1, ge=1, le=64)
+    epochs: int | None = Field(default=None, description="work to do, in epochs")
+    steps: int | None = Field(default=None, description="work to do, in optimiser steps")
+    batch_size: int = Field(default=64, gt=0)
+    batch_sizes: list[int] | None = Field(default=None, description="opt-in batch-size candidates")
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    target_metric: str | None = None
+    target_value: float | None = None
+    min_accuracy: float | None = Field(default=None, ge=0, le=1, description="bar to register the model")
+    region: str = Field(description="grid region (e.g. GB, DE, US-CAL-CISO) or cloud region (e.g. aws:eu-west-2)")
+    finish_by: UtcDatetime | None = None
+    objective: str = "carbon"
+    max_slowdown: float = Field(default=0.10, ge=0, le=10, description="allowed extra run time, as a fraction")
+    power_limit_w: float | None = Field(default=None, gt=0, description="fixed power limit; None lets the planner choose")
+    power_limits_w: list[float] | None = Field(default=None, description="candidate power limits to profile")
+    profile_steps: int = Field(default=30, gt=0, description="measured steps per profiled configuration")
+    profile_warmup_steps: int = Field(default=5, ge=0)
+    profile_max_age_s: float = Field(default=7 * 24 * 3600, gt=0, description="reuse a profile younger than this")
+    code_version: str = "1"
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not JOB_NAME_RE.match(v):
+            raise ValueError(
+                f"name={v!r} is not allowed; use 1-63 lowercase letters, digits, '_', '.', '-' starting with a letter or digit"
+            )
+        return v
+
+    @field_validator("objective")
+    @classmethod
+    def _objective(cls, v: str) -> str:
+        parse_objective(v)
+        return v
+
+    @field_validator("epochs", "steps")
+    @classmethod
+    def _positive_work(cls, v: int | None, info: Any) -> int | None:
+        if v is not None and v <= 0:
+            raise ValueError(f"{info.field_name}={v} is not allowed; it must be a positive integer")
+        return v
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _batch_sizes(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or any(b <= 0 for b in v)):
+            raise ValueError(f"batch_sizes={v} is not allowed; give one or more positive integers")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        if self.workload is None and self.command is None and self.image is None:
+            raise ValueError("a job needs one of workload, command or image")
+        if self.epochs is None and self.steps is None:
+            raise ValueError("a job needs its work: epochs or steps (a positive integer)")
+        if self.min_containers > self.max_containers:
+            raise ValueError(
+                f"min_containers={self.min_containers} is above max_containers={self.max_containers}; it must be <= it"
+            )
+        if self.device_kind == "cpu" and self.simulated_gpu is not None:
+            raise ValueError("simulated_gpu is set but device_kind='cpu'; use device_kind='gpu' with a simulated GPU")
+        return self
+
+
+class Config(_Model):
+    """How to train: containers, a power limit per GPU, batch size, co-location group."""
+
+    containers: int = Field(default=1, ge=1)
+    power_limit_w: float | None = Field(default=None, gt=0, description="None: the device's current/default limit")
+    batch_size: int | None = Field(default=None, gt=0)
+    colocation_group: str | None = None
+
+    def key(self) -> str:
+        """A short stable identifier, e.g. ``c1-pl175-b64``."""
+        pl = "default" if self.power_limit_w is None else f"{self.power_limit_w:g}"
+        parts = [f"c{self.containers}", f"pl{pl}"]
+        if self.batch_size is not None:
+            parts.append(f"b{self.batch_size}")
+        if self.colocation_group:
+            parts.append(f"g{self.colocation_group}")
+        return "-".join(parts)
+
+
+class ProfilePoint(_Model):
+    """What one configuration cost per sample while profiled."""
+
+    config: Config
+    throughput_samples_per_s: float = Field(gt=0)
+    power_per_device_w: dict[str, float] = Field(description="device id -> mean power (W)")
+    energy_per_sample_j: float = Field(ge=0)
+    duration_s: float = Field(ge=0)
+    samples: int = Field(ge=0)
+    label: EnergyLabel
+
+    @property
+    def power_total_w(self) -> float:
+        return sum(self.power_per_device_w.values())
+
+
+class Profile(_Model):
+    """A job's profile: one point per configuration, measured or simulated, on one device model."""
+
+    job: str
+    device_model: str
+    device_kind: DeviceKind
+    label: EnergyLabel
+    code_version: str = "1"
+    measured_at: UtcDatetime = Field(default_factory=utcnow)
+    default_power_limit_w: float | None = None
+    max_power_w: float | None = Field(default=None, description="MAXPOWER of Zeus's cost (W)")
+    samples_per_epoch: int | None = None
+    points: list[ProfilePoint]
+
+    def point_for(self, config: Config) -> ProfilePoint | None:
+        for point in self.points:
+            if point.config.key() == config.key():
+                return point
+        return None
+
+
+class ForecastPoint(_Model):
+    """One slot of a carbon-intensity series."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    start: UtcDatetime
+    length_s: float = Field(gt=0)
+    gco2_per_kwh: float = Field(ge=0)
+
+    @property
+    def end(self) -> datetime:
+        return self.start + timedelta(seconds=self.length_s)
+
+
+class Forecast(_Model):
+    """A regional carbon-intensity forecast, normalised from any provider."""
+
+    region: str
+    provider: str
+    signal_kind: SignalKind
+    issued_at: UtcDatetime
+    points: list[ForecastPoint]
+    replay: bool = Field(default=False, description="served from recorded data, not a live API")
+    error_mae_by_lead_h: dict[float, float] | None = Field(
+        default=None, description="mean absolute error (gCO2/kWh) by lead time upper bound (h)"
+    )
+    notes: list[str] = Field(default_factory=list, description="why other providers were skipped, etc.")
+
+    @field_validator("points")
+    @classmethod
+    def _sorted(cls, v: list[ForecastPoint]) -> list[ForecastPoint]:
+        return sorted(v, key=lambda p: p.start)
+
+    def intensity_at(self, when: datetime) -> float | None:
+        """The intensity of the slot containing ``when`` (None outside the series)."""
+        for point in self.points:
+            if point.start <= when < point.end:
+                return point.gco2_per_kwh
+        return None
+
+
+class PlanAlternative(_Model):
+    """A configuration and start the planner considered."""
+
+    config: Config
+    start: UtcDatetime
+    predicted_duration_s: float
+    predicted_energy_j: float
+    predicted_emissions_g: float
+    cost: float
+    feasible: bool = True
+    why_not: str | None = None
+
+
+class Plan(_Model):
+    """The decision: which configuration, when, and what it should cost."""
+
+    job: str
+    config: Config
+    start: UtcDatetime
+    finish_by: UtcDatetime | None = None
+    predicted_duration_s: float = Field(ge=0)
+    predicted_energy_j: float = Field(ge=0)
+    predicted_emissions_g: float = Field(ge=0)
+    objective: str = "carbon"
+    region: str
+    forecast_provider: str
+    signal_kind: SignalKind
+    replay: bool = False
+    baseline: PlanAlternative | None = Field(default=None, description="start now at the default power limit")
+    alternatives: list[PlanAlternative] = Field(default_factory=list)
+    colocated_with: list[str] = Field(default_factory=list)
+    reason: str
+    created_at: UtcDatetime = Field(default_factory=utcnow)
+    replans: int = Field(default=0, ge=0)
+
+
+class DeviceEnergy(_Model):
+    """Energy of one device over a run, with how it was obtained."""
+
+    device_id: str
+    device_model: str
+    kind: DeviceKind
+    energy_j: float = Field(ge=0)
+    label: EnergyLabel
+    share: float = Field(default=1.0, ge=0, le=1, description="fraction attributed to this job")
+    power_limit_w: float | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class RunResult(_Model):
+    """What a run really cost and achieved."""
+
+    job: str
+    config: Config
+    started_at: UtcDatetime
+    ended_at: UtcDatetime
+    duration_s: float = Field(ge=0)
+    devices: list[DeviceEnergy]
+    energy_gpu_j: float = Field(ge=0)
+    energy_cpu_j: float = Field(ge=0)
+    energy_total_j: float = Field(ge=0)
+    energy_labels: list[EnergyLabel] = Field(description="labels of the figures inside energy_total_j")
+    emissions_g: float = Field(ge=0)
+    carbon_intensity_mean_gco2_per_kwh: float = Field(ge=0)
+    samples: int = Field(default=0, ge=0)
+    throughput_samples_per_s: float = Field(default=0, ge=0)
+    metrics: dict[str, float] = Field(default_factory=dict, description="training metrics, e.g. test_accuracy")
+    exit_code: int = 0
+    power_limit_applied: bool = True
+    notes: list[str] = Field(default_factory=list)
+    emissions_run_now_default_g: float | None = None
+    saving_g: float | None = None
+    saving_fraction: float | None = None
+    artifacts: dict[str, str] = Field(default_factory=dict, description="name -> local path")
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0

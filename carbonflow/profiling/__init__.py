@@ -1,0 +1,1 @@
+"""carbonflow.profiling."""
