@@ -1,0 +1,314 @@
+"""A simulated GPU replaying the published Zeus power traces (always labelled ``simulated``).
+
+``ZeusPowerModel`` reads the shipped copy of Zeus's ``summary_power_<gpu>.csv`` (see
+``data/NOTICE.md``): for one GPU model and workload (dataset, network, batch size, optimizer) it
+holds the measured average power (W) and time per epoch (s) at each power limit, and linearly
+interpolates between measured limits. At a measured limit it returns the trace's numbers exactly.
+
+``SimulatedGpu`` implements :class:`~carbonflow.energy.device.Device` on top of it: its energy
+counter advances with the clock at ``average_power_w(current limit)`` while it is busy, and
+``slowdown_factor()`` says how much slower the workload runs at the current limit than at the
+maximum limit. The training code itself runs for real on the CPU; the wrapper hands the factor to
+the child in ``CARBONFLOW_SIM_SLOWDOWN`` and the training hook sleeps ``(factor - 1)`` × each
+step's time, so the emulated GPU is honestly slower at lower limits.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+
+from carbonflow.energy.device import Device
+from carbonflow.energy.errors import EnergyError
+from carbonflow.models import SimulatedGpuSpec
+
+SLOWDOWN_ENV = "CARBONFLOW_SIM_SLOWDOWN"
+"""Environment variable carrying the simulated GPU's slowdown factor to the training child."""
+
+GPU_FILES = {"V100": "v100", "A40": "a40", "RTX6000": "rtx6000", "P100": "p100"}
+GPU_NAMES = {
+    "V100": "Tesla V100",
+    "A40": "NVIDIA A40",
+    "RTX6000": "Quadro RTX 6000",
+    "P100": "Tesla P100",
+}
+_SIM_NAMESPACE = uuid.UUID("6f1c2a52-5d0e-4d8a-9a43-2b7f0c1e9d10")
+
+
+@dataclass(frozen=True)
+class TraceRow:
+    """One row of a Zeus power trace."""
+
+    dataset: str
+    network: str
+    batch_size: int
+    optimizer: str
+    power_limit_w: float
+    time_per_epoch_s: float
+    average_power_w: float
+
+    @property
+    def energy_per_epoch_j(self) -> float:
+        return self.time_per_epoch_s * self.average_power_w
+
+
+@cache
+def load_trace(gpu_model: str) -> tuple[TraceRow, ...]:
+    """All rows of the shipped Zeus power trace of ``gpu_model`` (V100, A40, RTX6000, P100)."""
+    if gpu_model not in GPU_FILES:
+        raise ValueError(f"gpu_model={gpu_model!r} is not allowed; use one of {', '.join(GPU_FILES)}")
+    name = f"summary_power_{GPU_FILES[gpu_model]}.csv"
+    text = resources.files("carbonflow.energy").joinpath("data", name).read_text(encoding="utf-8")
+    rows = []
+    for rec in csv.DictReader(text.splitlines()):
+        rows.append(
+            TraceRow(
+                dataset=rec["dataset"],
+                network=rec["network"],
+                batch_size=int(rec["batch_size"]),
+                optimizer=rec["optimizer"],
+                power_limit_w=float(rec["power_limit"]),
+                time_per_epoch_s=float(rec["time_per_epoch"]),
+                average_power_w=float(rec["average_power"]),
+            )
+        )
+    return tuple(rows)
+
+
+@cache
+def workload_defaults() -> dict[tuple[str, str], dict]:
+    """Zeus's per-workload defaults (b0, optimizer, ...) keyed by (dataset, network)."""
+    text = resources.files("carbonflow.energy").joinpath("data", "zeus_workload_defaults.json").read_text()
+    return {(w["dataset"], w["network"]): w for w in json.loads(text)["workloads"]}
+
+
+def workloads(gpu_model: str) -> list[tuple[str, str, int, str]]:
+    """Every (dataset, network, batch_size, optimizer) measured on ``gpu_model``."""
+    return sorted({(r.dataset, r.network, r.batch_size, r.optimizer) for r in load_trace(gpu_model)})
+
+
+@dataclass
+class ZeusPowerModel:
+    """Power and time per epoch of one workload on one GPU model, per power limit (interpolated)."""
+
+    gpu_model: str
+    dataset: str
+    network: str
+    batch_size: int
+    optimizer: str
+    power_limits_w: list[float]
+    average_powers_w: list[float]
+    times_per_epoch_s: list[float]
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def load(
+        cls,
+        gpu_model: str,
+        dataset: str,
+        network: str,
+        batch_size: int | None = None,
+        optimizer: str | None = None,
+    ) -> ZeusPowerModel:
+        """The measured curve of one workload; errors name the value and what the trace has."""
+        rows = load_trace(gpu_model)
+        notes: list[str] = []
+        pairs = sorted({(r.dataset, r.network) for r in rows})
+        if (dataset, network) not in pairs:
+            allowed = ", ".join(f"{d}/{n}" for d, n in pairs)
+            raise ValueError(
+                f"dataset/network={dataset}/{network} is not in the Zeus {gpu_model} trace; use one of {allowed}"
+            )
+        rows = [r for r in rows if r.dataset == dataset and r.network == network]
+        default = workload_defaults().get((dataset, network), {})
+        optimizers = sorted({r.optimizer for r in rows})
+        if optimizer is None:
+            optimizer = default.get("optimizer") if default.get("optimizer") in optimizers else optimizers[0]
+        elif optimizer not in optimizers:
+            raise ValueError(
+                f"optimizer={optimizer!r} is not in the Zeus {gpu_model} trace for {dataset}/{network}; "
+                f"use one of {', '.join(optimizers)}"
+            )
+        rows = [r for r in rows if r.optimizer == optimizer]
+        sizes = sorted({r.batch_size for r in rows})
+        if batch_size is None:
+            b0 = default.get("batch_size")
+            if b0 in sizes:
+                batch_size = b0
+            else:
+                below = [b for b in sizes if b0 is None or b <= b0]
+                batch_size = below[-1] if below else sizes[0]
+                notes.append(
+                    f"Zeus default batch size {b0} was not measured on {gpu_model}; using {batch_size} instead"
+                )
+        elif batch_size not in sizes:
+            raise ValueError(
+                f"batch_size={batch_size} is not in the Zeus {gpu_model} trace for {dataset}/{network}/{optimizer}; "
+                f"use one of {', '.join(map(str, sizes))}"
+            )
+        rows = sorted((r for r in rows if r.batch_size == batch_size), key=lambda r: r.power_limit_w)
+        return cls(
+            gpu_model=gpu_model,
+            dataset=dataset,
+            network=network,
+            batch_size=batch_size,
+            optimizer=optimizer,
+            power_limits_w=[r.power_limit_w for r in rows],
+            average_powers_w=[r.average_power_w for r in rows],
+            times_per_epoch_s=[r.time_per_epoch_s for r in rows],
+            notes=notes,
+        )
+
+    @classmethod
+    def from_spec(cls, spec: SimulatedGpuSpec) -> ZeusPowerModel:
+        return cls.load(spec.gpu_model, spec.dataset, spec.network, spec.batch_size, spec.optimizer)
+
+    @property
+    def min_power_limit_w(self) -> float:
+        return self.power_limits_w[0]
+
+    @property
+    def max_power_w(self) -> float:
+        """MAXPOWER of Zeus's cost: the highest power limit measured for this GPU model."""
+        return self.power_limits_w[-1]
+
+    def _interp(self, limit_w: float, values: list[float]) -> float:
+        xs = self.power_limits_w
+        if not xs[0] - 1e-9 <= limit_w <= xs[-1] + 1e-9:
+            raise ValueError(
+                f"power_limit_w={limit_w:g} is outside the measured range of the Zeus {self.gpu_model} trace "
+                f"for {self.workload_key}: {xs[0]:g} W to {xs[-1]:g} W"
+            )
+        i = bisect.bisect_left(xs, limit_w)
+        if i < len(xs) and abs(xs[i] - limit_w) < 1e-9:
+            return values[i]
+        lo, hi = i - 1, i
+        frac = (limit_w - xs[lo]) / (xs[hi] - xs[lo])
+        return values[lo] + frac * (values[hi] - values[lo])
+
+    def average_power_w(self, limit_w: float) -> float:
+        """Average GPU power while training at ``limit_w`` (W), interpolated between measured limits."""
+        return self._interp(limit_w, self.average_powers_w)
+
+    def time_per_epoch_s(self, limit_w: float) -> float:
+        """Time of one epoch at ``limit_w`` (s), interpolated between measured limits."""
+        return self._interp(limit_w, self.times_per_epoch_s)
+
+    def energy_per_epoch_j(self, limit_w: float) -> float:
+        return self.average_power_w(limit_w) * self.time_per_epoch_s(limit_w)
+
+    def slowdown(self, limit_w: float) -> float:
+        """time_per_epoch(limit) / time_per_epoch(max limit); 1.0 at the maximum limit."""
+        return self.time_per_epoch_s(limit_w) / self.time_per_epoch_s(self.max_power_w)
+
+    @property
+    def workload_key(self) -> str:
+        return f"{self.dataset}/{self.network}/b{self.batch_size}/{self.optimizer}"
+
+
+class SimulatedGpu(Device):
+    """A GPU whose power and speed per limit replay Zeus's measurements. Labelled ``simulated``.
+
+    Its power limit lives in the process that owns it (the ``carbonflow run`` wrapper).
+    While busy, the energy counter advances at the trace's average power for the current limit;
+    idle draw is not in the Zeus data, so an idle simulated GPU accrues nothing (said in notes).
+    """
+
+    kind = "gpu"
+    label = "simulated"
+    supports_power_limit = True
+
+    def __init__(
+        self,
+        spec: SimulatedGpuSpec,
+        index: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        busy: bool = True,
+    ) -> None:
+        super().__init__()
+        self.spec = spec
+        self.index = index
+        self.power_model = ZeusPowerModel.from_spec(spec)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._limit_w = self.power_model.max_power_w
+        self._busy = busy
+        self._energy_j = 0.0
+        self._last_t = clock()
+        key = f"{spec.gpu_model}:{self.power_model.workload_key}:{index}"
+        self.id = f"SIM-GPU-{uuid.uuid5(_SIM_NAMESPACE, key)}"
+        self.model = f"{GPU_NAMES[spec.gpu_model]} (simulated)"
+        self.notes = [
+            f"simulated from Zeus NSDI'23 measurements: {spec.gpu_model} {self.power_model.workload_key}",
+            "idle power is not in the Zeus data: energy accrues only while busy",
+            *self.power_model.notes,
+        ]
+
+    def _advance(self) -> float:
+        now = self._clock()
+        if self._busy:
+            self._energy_j += (now - self._last_t) * self.power_model.average_power_w(self._limit_w)
+        self._last_t = now
+        return self._energy_j
+
+    def energy_j(self) -> float:
+        with self._lock:
+            return self._advance()
+
+    def power_w(self) -> float:
+        with self._lock:
+            return self.power_model.average_power_w(self._limit_w) if self._busy else 0.0
+
+    def set_busy(self, busy: bool) -> None:
+        """Mark the simulated GPU as training (accrues energy) or idle (accrues none)."""
+        with self._lock:
+            self._advance()
+            self._busy = busy
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    def power_limit_constraints_w(self) -> tuple[float, float]:
+        return (self.power_model.min_power_limit_w, self.power_model.max_power_w)
+
+    def default_power_limit_w(self) -> float:
+        return self.power_model.max_power_w
+
+    def power_limit_w(self) -> float:
+        return self._limit_w
+
+    def set_power_limit_w(self, limit_w: float) -> None:
+        self.check_power_limit_w(limit_w)
+        with self._lock:
+            self._advance()
+            self._limit_w = float(limit_w)
+
+    def slowdown_factor(self) -> float:
+        """How much slower the workload runs at the current limit than at the maximum (>= 1 typically)."""
+        return self.power_model.slowdown(self._limit_w)
+
+
+def slowdown_from_env(environ: dict[str, str] | None = None) -> float:
+    """The slowdown factor passed by the wrapper in ``CARBONFLOW_SIM_SLOWDOWN`` (1.0 when unset)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    raw = env.get(SLOWDOWN_ENV)
+    if raw is None or raw == "":
+        return 1.0
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise EnergyError(f"{SLOWDOWN_ENV}={raw!r} is not a number; expected a factor >= 0 such as 1.25") from exc
+    if not value > 0:
+        raise EnergyError(f"{SLOWDOWN_ENV}={raw!r} is not allowed; expected a positive factor such as 1.25")
+    return value
