@@ -1,1 +1,67 @@
-"""carbonflow.planning."""
+"""carbonflow.planning: cost metrics, Pareto set, the joint optimiser, co-location and learning.
+
+Decides from inputs it is handed (JobSpec, Profile, Forecast, history records) and does no I/O.
+See the docstrings of :mod:`.costs`, :mod:`.optimizer`, :mod:`.colocation` and :mod:`.learning` for the
+signatures other parts call.
+"""
+
+from carbonflow.planning.colocation import (
+    PairProfile,
+    Separation,
+    choose_colocation_pairs,
+    observed_slowdown,
+    pair_timeline,
+    plan_night,
+    predict_pair_slowdown,
+    separate_if_slow,
+)
+from carbonflow.planning.costs import (
+    IntensityIntegral,
+    Reference,
+    carbon_g,
+    edp,
+    eds,
+    energy_gain_minus_time_loss_pct,
+    objective_cost,
+    pareto_front,
+    zeus_cost,
+)
+from carbonflow.planning.learning import BatchSizeExplorer, Correction, JobHistory, RunRecord
+from carbonflow.planning.optimizer import (
+    Candidate,
+    DeadlineError,
+    choose_power_limit,
+    plan_job,
+    predict_candidates,
+    work_samples,
+)
+
+__all__ = [
+    "BatchSizeExplorer",
+    "Candidate",
+    "Correction",
+    "DeadlineError",
+    "IntensityIntegral",
+    "JobHistory",
+    "PairProfile",
+    "Reference",
+    "RunRecord",
+    "Separation",
+    "carbon_g",
+    "choose_colocation_pairs",
+    "choose_power_limit",
+    "edp",
+    "eds",
+    "energy_gain_minus_time_loss_pct",
+    "objective_cost",
+    "observed_slowdown",
+    "pair_timeline",
+    "pareto_front",
+    "plan_job",
+    "plan_night",
+    "predict_candidates",
+    "predict_pair_slowdown",
+    "separate_if_slow",
+    "work_samples",
+    "zeus_cost",
+]

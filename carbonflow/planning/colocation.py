@@ -1,0 +1,422 @@
+"""Co-location of recurring jobs on one GPU (EaCO-style guard) and the night's batch plan.
+
+Pure and deterministic. Two jobs share one device by time-slicing; each keeps a fraction of its solo speed
+(``speed``, from a pair profile or the history). Co-location is chosen only when the predicted slowdown of
+*each* job stays inside its ``max_slowdown`` and both deadlines hold, and only when it saves on the
+objective; after launch the early-observation check (:func:`separate_if_slow`) separates a pair whose
+measured slowdown breaks a bound.
+
+API others call::
+
+    PairProfile(job_a, job_b, speed_a, speed_b, power_w, label="measured", power_limit_w=None)
+    pair_timeline(solo_a_s, solo_b_s, speed_a, speed_b) -> PairTimeline    # overlap and tail, per job
+    predict_pair_slowdown(job_a, job_b, solo_a_s, solo_b_s, pair_profiles=None, history=None)
+        -> tuple[float, float] | None                                     # None: nothing known, never pair
+    choose_colocation_pairs(jobs, max_slowdowns, pair_slowdowns, savings) -> list[tuple[str, str]]
+    plan_night(specs, profiles, forecasts, now, pair_profiles=None, history=None) -> list[Plan]
+    separate_if_slow(observed_slowdowns, plans, max_slowdowns) -> Separation
+    observed_slowdown(solo_throughput, observed_throughput) -> float
+
+Timeline of a pair started together: both run at their kept speeds until the shorter one finishes, then the
+other runs alone at full speed. With solo durations Da ≤ Db/… the first finishes at
+``t1 = min(Da/sa, Db/sb)``; the other's total is ``t1 + (D − t1·s)``; each job's slowdown is its total over
+its solo duration minus one. The device draws ``power_w`` (the pair profile) during the overlap and the
+remaining job's solo power afterwards.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import numpy as np
+
+from carbonflow.models import Config, EnergyLabel, Forecast, JobSpec, Plan, Profile
+from carbonflow.planning.costs import IntensityIntegral
+from carbonflow.planning.learning import JobHistory
+from carbonflow.planning.optimizer import DeadlineError, plan_job, predict_candidates
+
+
+@dataclass(frozen=True)
+class PairProfile:
+    """Two jobs measured together on one device: fraction of solo speed each kept, and the device's power."""
+
+    job_a: str
+    job_b: str
+    speed_a: float
+    speed_b: float
+    power_w: float
+    label: EnergyLabel = "measured"
+    power_limit_w: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("speed_a", "speed_b"):
+            value = getattr(self, name)
+            if not 0 < value <= 2:
+                raise ValueError(f"{name}={value} is not allowed; a kept fraction of solo speed is in (0, 2]")
+        if not self.power_w > 0:
+            raise ValueError(f"power_w={self.power_w} is not allowed; it must be > 0")
+
+    def speeds(self, job_a: str, job_b: str) -> tuple[float, float] | None:
+        """(speed of job_a, speed of job_b) if this profile is about that pair, in either order."""
+        if (self.job_a, self.job_b) == (job_a, job_b):
+            return self.speed_a, self.speed_b
+        if (self.job_a, self.job_b) == (job_b, job_a):
+            return self.speed_b, self.speed_a
+        return None
+
+
+@dataclass(frozen=True)
+class PairTimeline:
+    overlap_s: float
+    total_a_s: float
+    total_b_s: float
+    tail_job: str  # "a", "b" or "" when both finish together
+    tail_s: float
+
+    @property
+    def device_s(self) -> float:
+        return self.overlap_s + self.tail_s
+
+
+def pair_timeline(solo_a_s: float, solo_b_s: float, speed_a: float, speed_b: float) -> PairTimeline:
+    """Start both together; see the module docstring."""
+    if solo_a_s <= 0 or solo_b_s <= 0:
+        raise ValueError(f"solo durations must be > 0; got solo_a_s={solo_a_s}, solo_b_s={solo_b_s}")
+    ta, tb = solo_a_s / speed_a, solo_b_s / speed_b
+    if ta <= tb:
+        t1 = ta
+        tail = max(0.0, solo_b_s - t1 * speed_b)
+        return PairTimeline(t1, t1, t1 + tail, "b" if tail > 0 else "", tail)
+    t1 = tb
+    tail = max(0.0, solo_a_s - t1 * speed_a)
+    return PairTimeline(t1, t1 + tail, t1, "a", tail)
+
+
+def _lookup_speeds(job_a: str, job_b: str, pair_profiles: Sequence[PairProfile] | None) -> tuple[float, float] | None:
+    for profile in pair_profiles or ():
+        speeds = profile.speeds(job_a, job_b)
+        if speeds is not None:
+            return speeds
+    return None
+
+
+def _lookup_pair(job_a: str, job_b: str, pair_profiles: Sequence[PairProfile] | None) -> PairProfile | None:
+    for profile in pair_profiles or ():
+        if profile.speeds(job_a, job_b) is not None:
+            return profile
+    return None
+
+
+def predict_pair_slowdown(
+    job_a: str,
+    job_b: str,
+    solo_a_s: float,
+    solo_b_s: float,
+    pair_profiles: Sequence[PairProfile] | None = None,
+    history: JobHistory | None = None,
+) -> tuple[float, float] | None:
+    """Predicted slowdown (fraction) of each job when co-located; the worse of pair profile and history.
+
+    None when neither a pair profile nor a past co-location of the two is known: such a pair is never
+    co-located (EaCO co-locates only with experiment- or history-based predictions).
+    """
+    speeds = _lookup_speeds(job_a, job_b, pair_profiles)
+    predicted: tuple[float, float] | None = None
+    if speeds is not None:
+        tl = pair_timeline(solo_a_s, solo_b_s, *speeds)
+        predicted = (tl.total_a_s / solo_a_s - 1, tl.total_b_s / solo_b_s - 1)
+    if history is not None:
+        seen_a, seen_b = history.pair_slowdown(job_a, job_b), history.pair_slowdown(job_b, job_a)
+        if seen_a is not None or seen_b is not None:
+            base = predicted or (0.0, 0.0)
+            predicted = (max(base[0], seen_a or 0.0), max(base[1], seen_b or 0.0))
+            if speeds is None and (seen_a is None or seen_b is None):
+                return None
+    return predicted
+
+
+def choose_colocation_pairs(
+    jobs: Sequence[str],
+    max_slowdowns: Mapping[str, float],
+    pair_slowdowns: Mapping[tuple[str, str], tuple[float, float] | None],
+    savings: Mapping[tuple[str, str], float],
+) -> list[tuple[str, str]]:
+    """Greedy matching: pairs with positive saving whose both slowdowns stay inside the bounds, best first.
+
+    ``pair_slowdowns[(a, b)] = (slowdown of a, slowdown of b)``; ``savings[(a, b)]`` in the objective's units.
+    Each job is in at most one pair. Deterministic (ties by names). O(P log P) for P candidate pairs.
+    """
+    order = {job: i for i, job in enumerate(jobs)}
+    scored = []
+    for (a, b), slow in pair_slowdowns.items():
+        if slow is None or a not in order or b not in order or a == b:
+            continue
+        saving = savings.get((a, b), 0.0)
+        if saving <= 0:
+            continue
+        if slow[0] > max_slowdowns.get(a, 0.0) + 1e-12 or slow[1] > max_slowdowns.get(b, 0.0) + 1e-12:
+            continue
+        scored.append((-saving, a, b))
+    scored.sort()
+    used: set[str] = set()
+    chosen = []
+    for _, a, b in scored:
+        if a in used or b in used:
+            continue
+        used.update((a, b))
+        chosen.append((a, b))
+    return chosen
+
+
+@dataclass(frozen=True)
+class _PairOption:
+    a: str
+    b: str
+    start_s: float
+    emissions_a_g: float
+    emissions_b_g: float
+    energy_a_j: float
+    energy_b_j: float
+    total_a_s: float
+    total_b_s: float
+    saving: float
+    slowdowns: tuple[float, float]
+    unit: str
+
+
+def _pair_option(
+    spec_a: JobSpec,
+    spec_b: JobSpec,
+    prof_a: Profile,
+    prof_b: Profile,
+    plan_a: Plan,
+    plan_b: Plan,
+    pair: PairProfile,
+    forecast: Forecast | None,
+    now: datetime,
+    history: JobHistory | None,
+) -> _PairOption | None:
+    """Best joint start of a co-located pair (each at its reference configuration) and its saving."""
+    _, ref_a, _ = predict_candidates(spec_a, prof_a, history)
+    _, ref_b, _ = predict_candidates(spec_b, prof_b, history)
+    if ref_a.config.containers != 1 or ref_b.config.containers != 1:
+        return None
+    slow = predict_pair_slowdown(spec_a.name, spec_b.name, ref_a.duration_s, ref_b.duration_s, [pair], history)
+    if slow is None:
+        return None
+    speeds = pair.speeds(spec_a.name, spec_b.name)
+    assert speeds is not None
+    tl = pair_timeline(ref_a.duration_s, ref_b.duration_s, *speeds)
+    latest = []
+    for spec, total in ((spec_a, tl.total_a_s), (spec_b, tl.total_b_s)):
+        if spec.finish_by is not None:
+            latest.append((spec.finish_by - now).total_seconds() - total)
+    hi = min(latest) if latest else 0.0
+    if hi < 0:
+        return None
+    integral = IntensityIntegral(forecast, now) if forecast is not None else None
+    if integral is not None and not latest:
+        hi = max(0.0, integral.horizon_end_s - tl.device_s)
+    starts = [0.0, hi]
+    if integral is not None and hi > 0:
+        bps = integral.breakpoints_s()
+        starts += [b for b in bps if 0 < b < hi] + [b - tl.overlap_s for b in bps if 0 < b - tl.overlap_s < hi]
+        starts += [b - tl.device_s for b in bps if 0 < b - tl.device_s < hi]
+    s = np.unique(np.round(np.array(starts), 3))
+    overlap_e = pair.power_w * tl.overlap_s
+    tail_power = (ref_b if tl.tail_job == "b" else ref_a).power_w
+    tail_e = tail_power * tl.tail_s
+    if integral is not None:
+        ci_overlap = integral.mean(s, np.full(s.size, tl.overlap_s))
+        ci_tail = integral.mean(s + tl.overlap_s, np.full(s.size, tl.tail_s))
+    else:
+        ci_overlap = ci_tail = np.ones(s.size)
+    em_overlap = overlap_e / 3.6e6 * ci_overlap
+    em_tail = tail_e / 3.6e6 * ci_tail
+    objective_is_carbon = forecast is not None and spec_a.objective == "carbon" and spec_b.objective == "carbon"
+    total = em_overlap + em_tail if objective_is_carbon else np.full(s.size, overlap_e + tail_e)
+    best = int(np.lexsort((s, total))[0])
+    solo = (
+        plan_a.predicted_emissions_g + plan_b.predicted_emissions_g
+        if objective_is_carbon
+        else plan_a.predicted_energy_j + plan_b.predicted_energy_j
+    )
+    # Attribute the overlap by kept speed share, the tail to the job that runs it.
+    share_a = speeds[0] / (speeds[0] + speeds[1])
+    e_a = overlap_e * share_a + (tail_e if tl.tail_job == "a" else 0.0)
+    e_b = overlap_e * (1 - share_a) + (tail_e if tl.tail_job == "b" else 0.0)
+    g_a = float(em_overlap[best]) * share_a + (float(em_tail[best]) if tl.tail_job == "a" else 0.0)
+    g_b = float(em_overlap[best]) * (1 - share_a) + (float(em_tail[best]) if tl.tail_job == "b" else 0.0)
+    if forecast is None:
+        g_a = g_b = 0.0
+    return _PairOption(
+        spec_a.name,
+        spec_b.name,
+        float(s[best]),
+        g_a,
+        g_b,
+        e_a,
+        e_b,
+        tl.total_a_s,
+        tl.total_b_s,
+        solo - float(total[best]),
+        slow,
+        "g CO2e" if objective_is_carbon else "J",
+    )
+
+
+def plan_night(
+    specs: Sequence[JobSpec],
+    profiles: Mapping[str, Profile],
+    forecasts: Mapping[str, Forecast | None],
+    now: datetime,
+    pair_profiles: Sequence[PairProfile] | None = None,
+    history: JobHistory | None = None,
+) -> list[Plan]:
+    """Plans for a night's batch: each job's joint plan, then guarded co-location where it saves more.
+
+    ``profiles`` maps job name → Profile; ``forecasts`` maps region → Forecast (None: no forecast). Pairs
+    are considered only between jobs of the same region with a pair profile (or history) for them, both
+    single-container, both slowdowns within their bounds and both deadlines met; the pairs chosen are those
+    of :func:`choose_colocation_pairs` on the saving in carbon (energy when a job's objective is not carbon
+    or no forecast exists). A co-located job runs at its reference configuration (pair profiles are measured
+    there). Output order = input order.
+    """
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"specs: job names must be unique in a night's batch; got {names}")
+    by_name = {s.name: s for s in specs}
+    for name in names:
+        if name not in profiles:
+            raise ValueError(f"profiles has no entry for job {name!r}; profile it before planning the night")
+    solo = {
+        s.name: plan_job(s, profiles[s.name], forecasts.get(s.region), now, history, on_infeasible="fastest")
+        for s in specs
+    }
+    if not pair_profiles and history is None:
+        return [solo[n] for n in names]
+
+    options: dict[tuple[str, str], _PairOption] = {}
+    slowdowns: dict[tuple[str, str], tuple[float, float] | None] = {}
+    savings: dict[tuple[str, str], float] = {}
+    known = {(p.job_a, p.job_b) for p in pair_profiles or ()} | {(p.job_b, p.job_a) for p in pair_profiles or ()}
+    for a, b in itertools.combinations(names, 2):
+        if (a, b) not in known:
+            continue
+        sa, sb = by_name[a], by_name[b]
+        if sa.region != sb.region or "DEADLINE AT RISK" in solo[a].reason or "DEADLINE AT RISK" in solo[b].reason:
+            continue
+        pair = _lookup_pair(a, b, pair_profiles)
+        assert pair is not None
+        try:
+            opt = _pair_option(
+                sa, sb, profiles[a], profiles[b], solo[a], solo[b], pair, forecasts.get(sa.region), now, history
+            )
+        except (DeadlineError, ValueError):
+            continue
+        if opt is None:
+            continue
+        options[(a, b)] = opt
+        slowdowns[(a, b)] = opt.slowdowns
+        savings[(a, b)] = opt.saving
+    chosen = choose_colocation_pairs(names, {s.name: s.max_slowdown for s in specs}, slowdowns, savings)
+    plans = dict(solo)
+    for a, b in chosen:
+        opt = options[(a, b)]
+        for me, other, total_s, energy_j, grams, slow in (
+            (a, b, opt.total_a_s, opt.energy_a_j, opt.emissions_a_g, opt.slowdowns[0]),
+            (b, a, opt.total_b_s, opt.energy_b_j, opt.emissions_b_g, opt.slowdowns[1]),
+        ):
+            base = solo[me]
+            _, ref, _ = predict_candidates(by_name[me], profiles[me], history)
+            start = now + timedelta(seconds=opt.start_s)
+            finish = start + timedelta(seconds=total_s)
+            reason = (
+                f"co-located with {other} on one GPU at {ref.config.power_limit_w or 'default'} W, start "
+                f"{'now' if opt.start_s == 0 else start.strftime('%H:%M') + ' UTC'}: predicted slowdown "
+                f"{slow:.0%} within {by_name[me].max_slowdown:.0%}, pair saves {opt.saving:.4g} "
+                f"{opt.unit} vs separate plans; finishes "
+                f"{finish.strftime('%H:%M')}"
+            )
+            plans[me] = base.model_copy(
+                update={
+                    "config": Config(
+                        containers=1,
+                        power_limit_w=ref.config.power_limit_w,
+                        batch_size=ref.config.batch_size,
+                        colocation_group=f"{a}+{b}",
+                    ),
+                    "start": start,
+                    "predicted_duration_s": total_s,
+                    "predicted_energy_j": energy_j,
+                    "predicted_emissions_g": grams,
+                    "colocated_with": [other],
+                    "reason": reason,
+                }
+            )
+    return [plans[n] for n in names]
+
+
+def observed_slowdown(solo_throughput: float, observed_throughput: float) -> float:
+    """Slowdown implied by an early observation: solo / observed throughput − 1."""
+    if solo_throughput <= 0 or observed_throughput <= 0:
+        raise ValueError(
+            f"throughputs must be > 0; got solo_throughput={solo_throughput}, observed_throughput={observed_throughput}"
+        )
+    return solo_throughput / observed_throughput - 1
+
+
+@dataclass
+class Separation:
+    """Plans after the early-observation check, and the groups that were split."""
+
+    plans: list[Plan]
+    separated: list[tuple[str, ...]] = field(default_factory=list)
+
+
+def separate_if_slow(
+    observed_slowdowns: Mapping[str, float],
+    plans: Sequence[Plan],
+    max_slowdowns: Mapping[str, float] | float = 0.10,
+) -> Separation:
+    """Split every co-location group in which a job's observed slowdown breaks its bound.
+
+    Separated jobs keep their configuration without the group and get a reason saying why; the others are
+    returned unchanged. Jobs without an observation are left as they are.
+    """
+
+    def bound(job: str) -> float:
+        return max_slowdowns if isinstance(max_slowdowns, float | int) else max_slowdowns.get(job, 0.10)
+
+    groups: dict[str, list[Plan]] = {}
+    for plan in plans:
+        if plan.config.colocation_group:
+            groups.setdefault(plan.config.colocation_group, []).append(plan)
+    broken: dict[str, str] = {}
+    for group, members in groups.items():
+        worst = [
+            (observed_slowdowns[p.job], p.job) for p in members if observed_slowdowns.get(p.job, 0.0) > bound(p.job)
+        ]
+        if worst:
+            slow, job = max(worst)
+            broken[group] = f"separated after early observation: {job} slowed {slow:.0%} > {bound(job):.0%}"
+    out = []
+    for plan in plans:
+        group = plan.config.colocation_group
+        if group in broken:
+            out.append(
+                plan.model_copy(
+                    update={
+                        "config": plan.config.model_copy(update={"colocation_group": None}),
+                        "colocated_with": [],
+                        "reason": f"{broken[group]} (was: {plan.reason})",
+                    }
+                )
+            )
+        else:
+            out.append(plan)
+    separated = [tuple(sorted(p.job for p in groups[g])) for g in sorted(broken)]
+    return Separation(out, separated)

@@ -1,0 +1,319 @@
+"""Learning across recurrences: prediction correction, batch-size exploration, early stopping.
+
+Pure and deterministic (randomness only through a seeded ``numpy.random.Generator`` handed in).
+The tracking layer turns MLflow runs into :class:`RunRecord` objects; the planner reads them through a
+:class:`JobHistory`.
+
+API others call::
+
+    RunRecord(job, config_key, finished_at, predicted_duration_s, realised_duration_s,
+              predicted_energy_j, realised_energy_j, batch_size=None, power_limit_w=None, containers=1,
+              epochs=None, reached_target=None, cost=None, colocated_with=(), observed_slowdown=None)
+    RunRecord.from_result(result: RunResult, plan: Plan, epochs=None, reached_target=None) -> RunRecord
+    JobHistory(records, drift_window=10)
+      .correction(job, config_key) -> Correction(time_factor, energy_factor, runs)
+      .epochs_to_target(job, batch_size) -> float | None
+      .pair_slowdown(job, other) -> float | None         # worst observed slowdown of job next to other
+    BatchSizeExplorer(batch_sizes, default_batch_size, prior_cost_per_epoch, ...)  # see class doc
+
+Prediction correction: the ratio realised/predicted of duration and of energy, per job and configuration,
+over the last ``drift_window`` runs (median, robust to one odd night); when a configuration has no runs,
+the job-wide ratio is used (shrunk toward 1 by the number of runs). A data drift shows up as a moving ratio
+and the window forgets older nights.
+
+Batch-size exploration (Zeus's problem, NSDI'23 §4): epochs-to-target per batch size is random and unknown;
+cost per epoch per batch size is known from the profile (JIT profiling costs a fraction of one epoch).
+:class:`BatchSizeExplorer` keeps a Gaussian posterior of the *cost to target* per batch size and chooses by
+Thompson sampling, but (1) orders the first tries by what the profile tells — expected cost = cost per epoch
+× the epochs the default batch size needed — instead of Zeus's fixed "default, then smaller, then larger"
+order, (2) never tries a batch size whose optimistic cost (profile cost per epoch × the fewest epochs any
+batch size ever needed) is above the best mean cost seen, and (3) stops a run early once the cost it has
+already spent plus the minimum remaining cost passes ``beta × best mean cost`` (a run that cannot beat
+the best known option by then is abandoned and rerun on the best known batch size).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import numpy as np
+
+from carbonflow.models import Plan, RunResult
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One realised run of a recurring job next to what was predicted for it."""
+
+    job: str
+    config_key: str
+    finished_at: datetime
+    predicted_duration_s: float
+    realised_duration_s: float
+    predicted_energy_j: float
+    realised_energy_j: float
+    batch_size: int | None = None
+    power_limit_w: float | None = None
+    containers: int = 1
+    epochs: float | None = None
+    reached_target: bool | None = None
+    cost: float | None = None
+    colocated_with: tuple[str, ...] = ()
+    observed_slowdown: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.finished_at.tzinfo is None:
+            raise ValueError(f"finished_at={self.finished_at.isoformat()} has no time zone; give it in UTC")
+        for name in ("predicted_duration_s", "realised_duration_s", "predicted_energy_j", "realised_energy_j"):
+            value = getattr(self, name)
+            if not value >= 0 or math.isinf(value):
+                raise ValueError(f"{name}={value} is not allowed; it must be a finite number >= 0")
+
+    @classmethod
+    def from_result(
+        cls,
+        result: RunResult,
+        plan: Plan,
+        epochs: float | None = None,
+        reached_target: bool | None = None,
+        observed_slowdown: float | None = None,
+    ) -> RunRecord:
+        """The record of a finished run against the plan that launched it."""
+        return cls(
+            job=result.job,
+            config_key=plan.config.key(),
+            finished_at=result.ended_at,
+            predicted_duration_s=plan.predicted_duration_s,
+            realised_duration_s=result.duration_s,
+            predicted_energy_j=plan.predicted_energy_j,
+            realised_energy_j=result.energy_total_j,
+            batch_size=plan.config.batch_size,
+            power_limit_w=plan.config.power_limit_w,
+            containers=plan.config.containers,
+            epochs=epochs,
+            reached_target=reached_target,
+            colocated_with=tuple(plan.colocated_with),
+            observed_slowdown=observed_slowdown,
+        )
+
+
+@dataclass(frozen=True)
+class Correction:
+    """Multiply a profile's predicted duration and energy by these factors."""
+
+    time_factor: float = 1.0
+    energy_factor: float = 1.0
+    runs: int = 0
+
+
+def _median_ratio(pairs: Sequence[tuple[float, float]]) -> float:
+    ratios = [real / pred for pred, real in pairs if pred > 0 and real > 0]
+    return float(np.median(ratios)) if ratios else 1.0
+
+
+@dataclass
+class JobHistory:
+    """Realised runs of recurring jobs, newest last after sorting; the planner's memory across nights."""
+
+    records: list[RunRecord] = field(default_factory=list)
+    drift_window: int = 10
+    shrink_runs: float = 2.0
+    """Job-wide ratios are shrunk toward 1 as ``n / (n + shrink_runs)``; a config's own ratio is used as is."""
+
+    def __post_init__(self) -> None:
+        if self.drift_window < 1:
+            raise ValueError(f"drift_window={self.drift_window} is not allowed; it must be >= 1")
+        self.records = sorted(self.records, key=lambda r: (r.finished_at, r.job, r.config_key))
+        self._by_job: dict[str, list[RunRecord]] = {}
+        for record in self.records:
+            self._by_job.setdefault(record.job, []).append(record)
+
+    def add(self, record: RunRecord) -> None:
+        """Append a newer record."""
+        self.records.append(record)
+        self._by_job.setdefault(record.job, []).append(record)
+
+    def for_job(self, job: str) -> list[RunRecord]:
+        return self._by_job.get(job, [])
+
+    def correction(self, job: str, config_key: str) -> Correction:
+        """Prediction correction for a job's configuration from its last ``drift_window`` runs."""
+        runs = self.for_job(job)
+        own = [r for r in runs if r.config_key == config_key][-self.drift_window :]
+        if own:
+            return Correction(
+                time_factor=_median_ratio([(r.predicted_duration_s, r.realised_duration_s) for r in own]),
+                energy_factor=_median_ratio([(r.predicted_energy_j, r.realised_energy_j) for r in own]),
+                runs=len(own),
+            )
+        recent = [r for r in runs if not r.colocated_with][-self.drift_window :]
+        if not recent:
+            return Correction()
+        weight = len(recent) / (len(recent) + self.shrink_runs)
+        time_ratio = _median_ratio([(r.predicted_duration_s, r.realised_duration_s) for r in recent])
+        energy_ratio = _median_ratio([(r.predicted_energy_j, r.realised_energy_j) for r in recent])
+        return Correction(
+            time_factor=1 + weight * (time_ratio - 1),
+            energy_factor=1 + weight * (energy_ratio - 1),
+            runs=len(recent),
+        )
+
+    def epochs_to_target(self, job: str, batch_size: int | None) -> float | None:
+        """Mean epochs the job needed to reach its target at this batch size (recent window), or None."""
+        runs = [
+            r
+            for r in self.for_job(job)
+            if r.batch_size == batch_size and r.reached_target and r.epochs is not None and r.epochs > 0
+        ][-self.drift_window :]
+        if not runs:
+            return None
+        return float(np.mean([r.epochs for r in runs if r.epochs is not None]))
+
+    def pair_slowdown(self, job: str, other: str) -> float | None:
+        """The worst slowdown ``job`` showed while co-located with ``other`` (recent window), or None."""
+        seen = [
+            r.observed_slowdown
+            for r in self.for_job(job)
+            if other in r.colocated_with and r.observed_slowdown is not None
+        ][-self.drift_window :]
+        return max(seen) if seen else None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Batch-size exploration with profile-ordered Gaussian Thompson sampling and early stopping.
+
+
+@dataclass
+class _Arm:
+    costs: list[float] = field(default_factory=list)
+    failures: int = 0
+
+    def mean(self) -> float:
+        return float(np.mean(self.costs)) if self.costs else math.inf
+
+
+@dataclass
+class BatchSizeExplorer:
+    """Choose a batch size per recurrence of a job trained to a target metric.
+
+    ``prior_cost_per_epoch`` maps each candidate batch size to the cost of one epoch at its best power limit
+    (from the profile, in the units of the objective, e.g. Zeus's cost in J). The cost to target of batch size
+    b is ``epochs_b × cost_per_epoch_b`` with ``epochs_b`` unknown and random; each arm's belief is a Gaussian
+    over that cost (mean of its observations; variance from them, or a prior coefficient of variation until
+    two observations exist), sampled by Thompson sampling with ``rng``.
+
+    Exploration order: untried batch sizes are tried in ascending order of ``cost_per_epoch_b × e_ref``,
+    e_ref being the epochs the default batch size needed (so the profile decides which to try first), and
+    only while their *optimistic* cost ``cost_per_epoch_b × e_min`` (e_min: the fewest epochs seen for any
+    batch size, times ``optimism``) is below the best mean cost seen — an arm that cannot win even with the
+    luckiest convergence seen is never tried. A batch size that failed to reach the target ``max_failures``
+    times (or was stopped early twice) is pruned.
+    """
+
+    batch_sizes: Sequence[int]
+    default_batch_size: int
+    prior_cost_per_epoch: Mapping[int, float]
+    beta: float = 2.0
+    prior_cv: float = 0.15
+    optimism: float = 0.8
+    max_failures: int = 2
+    explore_budget: int | None = None
+    """At most this many exploratory runs (None: unbounded; pruning keeps it small)."""
+
+    def __post_init__(self) -> None:
+        if self.default_batch_size not in self.batch_sizes:
+            raise ValueError(
+                f"default_batch_size={self.default_batch_size} is not among batch_sizes={list(self.batch_sizes)}"
+            )
+        missing = [b for b in self.batch_sizes if b not in self.prior_cost_per_epoch]
+        if missing:
+            raise ValueError(f"prior_cost_per_epoch has no entry for batch sizes {missing}")
+        self.arms: dict[int, _Arm] = {b: _Arm() for b in sorted(self.batch_sizes)}
+        self.epochs_seen: dict[int, list[float]] = {b: [] for b in self.batch_sizes}
+        self.explored = 0
+
+    # -- beliefs ------------------------------------------------------------------------------------------
+    def best_mean(self) -> tuple[int, float]:
+        """The batch size with the lowest mean observed cost to target (ties: smaller batch size)."""
+        tried = [(arm.mean(), b) for b, arm in self.arms.items() if arm.costs]
+        if not tried:
+            return self.default_batch_size, math.inf
+        cost, b = min(tried)
+        return b, cost
+
+    def _e_ref(self) -> float | None:
+        seen = self.epochs_seen[self.default_batch_size]
+        return float(np.mean(seen)) if seen else None
+
+    def _e_min(self) -> float | None:
+        every = [e for seen in self.epochs_seen.values() for e in seen]
+        return min(every) if every else None
+
+    def _alive(self, b: int) -> bool:
+        return self.arms[b].failures < self.max_failures
+
+    def untried_order(self) -> list[int]:
+        """Untried, still plausible batch sizes, most promising first (by profile cost per epoch)."""
+        e_ref = self._e_ref() or 1.0
+        e_min = self._e_min()
+        _, best = self.best_mean()
+        out = []
+        for b in sorted(self.arms, key=lambda b: (self.prior_cost_per_epoch[b] * e_ref, b)):
+            if self.arms[b].costs or not self._alive(b):
+                continue
+            if e_min is not None and self.prior_cost_per_epoch[b] * e_min * self.optimism >= best:
+                continue
+            out.append(b)
+        return out
+
+    # -- decisions ----------------------------------------------------------------------------------------
+    def choose(self, rng: np.random.Generator) -> int:
+        """The batch size for the next recurrence."""
+        if not self.arms[self.default_batch_size].costs and self._alive(self.default_batch_size):
+            return self.default_batch_size
+        budget_left = self.explore_budget is None or self.explored < self.explore_budget
+        untried = self.untried_order()
+        if untried and budget_left:
+            return untried[0]
+        candidates = [b for b, arm in self.arms.items() if arm.costs and self._alive(b)]
+        if not candidates:
+            return self.default_batch_size
+        draws = []
+        for b in candidates:
+            costs = self.arms[b].costs
+            mean = float(np.mean(costs))
+            std = float(np.std(costs, ddof=1)) / math.sqrt(len(costs)) if len(costs) >= 2 else self.prior_cv * mean
+            draws.append((float(rng.normal(mean, max(std, 1e-12))), b))
+        return min(draws)[1]
+
+    def stop_threshold(self) -> float:
+        """Early-stop a run once its spent cost passes this (``beta`` × best mean cost; inf before any)."""
+        _, best = self.best_mean()
+        return self.beta * best
+
+    def observe(self, batch_size: int, cost: float, reached: bool, epochs: float | None = None) -> None:
+        """Record a finished (or early-stopped) run."""
+        if batch_size not in self.arms:
+            raise ValueError(f"batch_size={batch_size} is not among {list(self.arms)}")
+        arm = self.arms[batch_size]
+        if batch_size != self.default_batch_size and not arm.costs and arm.failures == 0:
+            self.explored += 1
+        if reached:
+            arm.costs.append(cost)
+            if epochs is not None:
+                self.epochs_seen[batch_size].append(epochs)
+        else:
+            arm.failures += 1
+
+
+def exploration_pays_off(expected_gain_per_run: float, exploration_cost: float, remaining_runs: int) -> bool:
+    """Explore only when the expected saving over the remaining recurrences covers the exploration's cost."""
+    return expected_gain_per_run * remaining_runs > exploration_cost
+
+
+def records_for(records: Iterable[RunRecord], job: str) -> list[RunRecord]:
+    """The records of one job, oldest first."""
+    return sorted((r for r in records if r.job == job), key=lambda r: r.finished_at)

@@ -1,0 +1,440 @@
+"""The joint optimiser: configuration (containers, power limit, batch size) and start time, for one job.
+
+Pure and deterministic: the same inputs give the same Plan (``created_at`` is set to ``now``).
+
+API others call::
+
+    plan_job(spec: JobSpec, profile: Profile, forecast: Forecast | None, now: datetime,
+             history: JobHistory | None = None, *, on_infeasible: "raise" | "fastest" = "raise",
+             alternatives_per_config: int = 3) -> Plan
+    choose_power_limit(power_limits_w, time_s, power_w, *, objective="energy", max_slowdown=0.10,
+                       default_power_limit_w=None, max_power_w=None, intensity_gco2_per_kwh=None) -> float
+    predict_candidates(spec, profile, history=None) -> list[Candidate]      # per-config predictions
+    work_samples(spec, profile, batch_size=None, history=None) -> float
+
+How a plan is made
+------------------
+* **Work.** ``epochs × profile.samples_per_epoch`` when the job gives epochs (for a job trained to a target
+  metric, the epochs the history says this batch size needs, capped at ``epochs``); otherwise
+  ``steps × spec.batch_size`` samples, the same number of samples whatever batch size is chosen.
+* **Per configuration** (each profile point whose batch size / containers / power limit the JobSpec allows):
+  duration = work / throughput, energy = power × duration (power = the sum over devices), both multiplied
+  by the history's correction factors (realised / predicted over a drift window).
+* **Reference** ("default configuration", also the ``baseline``): the job's default container count
+  (``min_containers``), the profile's default power limit (else the highest profiled one) and the job's own
+  batch size, started now. The slowdown bound is ``duration ≤ (1 + max_slowdown) × reference duration``;
+  EDS(k), "energy gain − time loss" and Zeus's MAXPOWER use it.
+* **Starts** lie in ``[now, finish_by − duration]`` (without finish_by: up to the forecast's end). As the
+  forecast is a step function, the best window of fixed length starts at ``now``, the latest start, a slot
+  boundary, or ends at one; exactly those starts are evaluated, O(configurations × slots), vectorised.
+* **Choice**: minimum of the objective (``carbon``, ``energy``, ``time``, ``edp``, ``eds:k``, ``zeus:η``);
+  ties — e.g. every start under the ``energy`` objective — go to less carbon, then less energy, shorter,
+  earlier, then the configuration key. With no forecast, the job starts now and the ``carbon`` objective
+  falls back to ``energy`` (at any fixed intensity carbon is proportional to energy); the reason says so.
+* **Deadline.** If even the fastest configuration started now cannot finish by ``finish_by``,
+  ``on_infeasible="raise"`` (default) raises :class:`DeadlineError` (a ValueError naming ``finish_by``) and
+  ``on_infeasible="fastest"`` returns the fastest configuration starting now with a reason that begins
+  ``DEADLINE AT RISK``. A deadline is never missed silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+import numpy as np
+
+from carbonflow.models import Config, Forecast, JobSpec, Plan, PlanAlternative, Profile, ProfilePoint, parse_objective
+from carbonflow.planning.costs import IntensityIntegral, Reference, emissions_g, objective_costs
+from carbonflow.planning.learning import JobHistory
+
+_EPS = 1e-9
+
+
+class DeadlineError(ValueError):
+    """finish_by cannot be met even by the fastest configuration starting now."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration's predicted run (before a start time is chosen)."""
+
+    point: ProfilePoint
+    duration_s: float
+    energy_j: float
+    slowdown: float
+    within_slowdown: bool
+
+    @property
+    def config(self) -> Config:
+        return self.point.config
+
+    @property
+    def power_w(self) -> float:
+        return self.energy_j / self.duration_s if self.duration_s > 0 else 0.0
+
+
+def _utc(name: str, value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError(f"{name}={value.isoformat()} has no time zone; give it in UTC")
+    return value
+
+
+def work_samples(
+    spec: JobSpec, profile: Profile, batch_size: int | None = None, history: JobHistory | None = None
+) -> float:
+    """Samples to process: epochs × samples_per_epoch, or steps × the job's batch size (see module doc)."""
+    if spec.epochs is not None:
+        if not profile.samples_per_epoch:
+            raise ValueError(
+                f"profile.samples_per_epoch={profile.samples_per_epoch!r}: job {spec.name!r} gives its work in "
+                "epochs, so its profile must say how many samples one epoch holds (or give steps instead)"
+            )
+        epochs = float(spec.epochs)
+        if history is not None and spec.target_metric is not None:
+            learned = history.epochs_to_target(spec.name, batch_size)
+            if learned is not None:
+                epochs = min(epochs, learned)
+        return epochs * profile.samples_per_epoch
+    assert spec.steps is not None
+    return float(spec.steps * spec.batch_size)
+
+
+def _allowed_points(spec: JobSpec, profile: Profile) -> list[ProfilePoint]:
+    allowed_bs = set(spec.batch_sizes or []) | {spec.batch_size}
+    points = []
+    for p in profile.points:
+        bs = p.config.batch_size if p.config.batch_size is not None else spec.batch_size
+        if spec.batch_sizes is None and bs != spec.batch_size:
+            continue
+        if bs not in allowed_bs:
+            continue
+        if not spec.min_containers <= p.config.containers <= spec.max_containers:
+            continue
+        if spec.power_limit_w is not None and p.config.power_limit_w not in (None, spec.power_limit_w):
+            continue
+        if p.config.colocation_group:
+            continue
+        points.append(p)
+    if not points:
+        raise ValueError(
+            f"profile.points: none of the {len(profile.points)} profiled configurations of job {profile.job!r} "
+            f"matches the JobSpec (batch_size={spec.batch_size}, batch_sizes={spec.batch_sizes}, containers "
+            f"{spec.min_containers}..{spec.max_containers}, power_limit_w={spec.power_limit_w}); profile it first"
+        )
+    return points
+
+
+def default_point(spec: JobSpec, points: Sequence[ProfilePoint], profile: Profile) -> ProfilePoint:
+    """The reference configuration: default containers, default (else highest) power limit, the job's batch size."""
+
+    def bs(p: ProfilePoint) -> int:
+        return p.config.batch_size if p.config.batch_size is not None else spec.batch_size
+
+    same_bs = [p for p in points if bs(p) == spec.batch_size] or list(points)
+    by_containers = [p for p in same_bs if p.config.containers == spec.min_containers] or same_bs
+    default_pl = profile.default_power_limit_w
+    for p in by_containers:
+        if p.config.power_limit_w is None or (default_pl is not None and p.config.power_limit_w == default_pl):
+            return p
+    return max(by_containers, key=lambda p: (p.config.power_limit_w or 0.0, p.throughput_samples_per_s))
+
+
+def _power_w(point: ProfilePoint) -> float:
+    total = point.power_total_w
+    return total if total > 0 else point.energy_per_sample_j * point.throughput_samples_per_s
+
+
+def predict_candidates(
+    spec: JobSpec, profile: Profile, history: JobHistory | None = None
+) -> tuple[list[Candidate], Candidate, Reference]:
+    """Every allowed configuration's predicted duration, energy and slowdown, the reference and its metrics."""
+    points = _allowed_points(spec, profile)
+    ref_point = default_point(spec, points, profile)
+
+    def predict(p: ProfilePoint) -> tuple[float, float]:
+        work = work_samples(spec, profile, p.config.batch_size, history)
+        duration = work / p.throughput_samples_per_s
+        energy = _power_w(p) * duration
+        if history is not None:
+            corr = history.correction(spec.name, p.config.key())
+            duration *= corr.time_factor
+            energy *= corr.energy_factor
+        return duration, energy
+
+    ref_duration, ref_energy = predict(ref_point)
+    bound = ref_duration * (1 + spec.max_slowdown)
+    candidates = []
+    ref_candidate: Candidate | None = None
+    for p in points:
+        duration, energy = predict(p)
+        c = Candidate(p, duration, energy, duration / ref_duration - 1, duration <= bound * (1 + _EPS))
+        candidates.append(c)
+        if p is ref_point:
+            ref_candidate = c
+    assert ref_candidate is not None
+    max_pl = profile.max_power_w or max((p.config.power_limit_w or 0.0) for p in profile.points) or _power_w(ref_point)
+    ref = Reference(energy_j=ref_energy, time_s=ref_duration, max_power_w=max_pl * ref_point.config.containers)
+    return candidates, ref_candidate, ref
+
+
+def _fmt_w(config: Config) -> str:
+    return "default power limit" if config.power_limit_w is None else f"{config.power_limit_w:g} W"
+
+
+def _fmt_config(config: Config) -> str:
+    parts = [_fmt_w(config), f"{config.containers} container{'s' if config.containers != 1 else ''}"]
+    if config.batch_size is not None:
+        parts.append(f"batch {config.batch_size}")
+    return ", ".join(parts)
+
+
+def _signed(pct: float) -> str:
+    value = round(pct)
+    return f"−{-value} %" if value < 0 else f"+{value} %"
+
+
+def _hm(when: datetime) -> str:
+    return when.strftime("%H:%M")
+
+
+def _pct(new: float, old: float) -> float:
+    return 100.0 * (new - old) / old if old > 0 else 0.0
+
+
+def plan_job(
+    spec: JobSpec,
+    profile: Profile,
+    forecast: Forecast | None,
+    now: datetime,
+    history: JobHistory | None = None,
+    *,
+    on_infeasible: Literal["raise", "fastest"] = "raise",
+    alternatives_per_config: int = 3,
+) -> Plan:
+    """Choose configuration and start jointly for one job (see the module docstring)."""
+    _utc("now", now)
+    if on_infeasible not in ("raise", "fastest"):
+        raise ValueError(f"on_infeasible={on_infeasible!r} is not allowed; use 'raise' or 'fastest'")
+    if spec.finish_by is not None and spec.finish_by <= now:
+        raise DeadlineError(f"finish_by={spec.finish_by.isoformat()} is not after now={now.isoformat()}")
+    if forecast is not None and not forecast.points:
+        forecast = None
+    objective = spec.objective
+    name, _ = parse_objective(objective)
+    notes: list[str] = []
+    if forecast is None and name == "carbon":
+        objective = "energy"
+        notes.append("no forecast: starts now, carbon objective planned as energy")
+    elif forecast is None:
+        notes.append("no forecast: starts now")
+
+    candidates, ref_c, ref = predict_candidates(spec, profile, history)
+    n = len(candidates)
+    durations = np.array([c.duration_s for c in candidates])
+    energies = np.array([c.energy_j for c in candidates])
+    within = np.array([c.within_slowdown for c in candidates])
+    keys = [c.config.key() for c in candidates]
+    key_rank = np.argsort(np.argsort(np.array(keys)))  # deterministic final tie-break
+
+    finish_by_s = (spec.finish_by - now).total_seconds() if spec.finish_by is not None else None
+    integral = IntensityIntegral(forecast, now) if forecast is not None else None
+    if finish_by_s is not None:
+        latest = finish_by_s - durations
+    elif integral is not None:
+        latest = np.maximum(0.0, integral.horizon_end_s - durations)
+    else:
+        latest = np.zeros(n)
+    meets_deadline_now = latest >= -_EPS
+
+    # Candidate starts per configuration (offsets from now, s).
+    if integral is not None:
+        bps = integral.breakpoints_s()
+        bps = bps[bps > 0]
+    else:
+        bps = np.array([])
+    cfg_idx_l, start_l = [], []
+    for i in range(n):
+        if not meets_deadline_now[i]:
+            continue
+        hi = max(0.0, float(latest[i]))
+        starts = [0.0, hi]
+        if bps.size and hi > 0:
+            starts.extend(bps[bps < hi].tolist())
+            ends = bps - durations[i]
+            starts.extend(ends[(ends > 0) & (ends < hi)].tolist())
+        s = np.unique(np.round(np.array(starts), 3))
+        cfg_idx_l.append(np.full(s.size, i))
+        start_l.append(s)
+
+    if not cfg_idx_l or not np.any(within & meets_deadline_now):
+        fastest = int(np.argmin(durations))
+        need = timedelta(seconds=float(durations[fastest]))
+        msg = (
+            f"finish_by={spec.finish_by.isoformat() if spec.finish_by else None} cannot be met: the fastest "
+            f"configuration ({_fmt_config(candidates[fastest].config)}) needs {need} from now={now.isoformat()}"
+        )
+        if on_infeasible == "raise":
+            raise DeadlineError(msg)
+        cfg_idx = np.array([fastest])
+        start_s = np.array([0.0])
+        notes.insert(0, "DEADLINE AT RISK")
+        forced = True
+    else:
+        cfg_idx = np.concatenate(cfg_idx_l)
+        start_s = np.concatenate(start_l)
+        forced = False
+
+    dur = durations[cfg_idx]
+    en = energies[cfg_idx]
+    mean_ci = integral.mean(start_s, dur) if integral is not None else np.zeros_like(dur)
+    em = en / 3.6e6 * mean_ci
+    cost = objective_costs(objective, en, dur, em, ref)
+    feasible = within[cfg_idx] | forced
+    # Quantise costs so float noise never decides; then the documented tie-breaks.
+    scale = max(float(np.max(np.abs(cost))), 1e-300)
+    qcost = np.round(cost / scale, 9)
+    order = np.lexsort((key_rank[cfg_idx], start_s, dur, en, np.round(em / max(em.max(), 1e-300), 9), qcost, ~feasible))
+    best = int(order[0])
+    bi = int(cfg_idx[best])
+    chosen = candidates[bi]
+    start = now + timedelta(seconds=float(start_s[best]))
+    if integral is not None and integral.beyond_horizon(float(start_s[best] + dur[best])):
+        notes.append("run ends after the forecast horizon: its last value is held")
+
+    def alt(i: int, s_off: float, e_g: float, c: float, ok: bool, why: str | None) -> PlanAlternative:
+        return PlanAlternative(
+            config=candidates[i].config,
+            start=now + timedelta(seconds=float(s_off)),
+            predicted_duration_s=float(durations[i]),
+            predicted_energy_j=float(energies[i]),
+            predicted_emissions_g=float(e_g),
+            cost=float(c),
+            feasible=ok,
+            why_not=why,
+        )
+
+    # Alternatives: best few starts per feasible configuration, one entry per infeasible one.
+    alternatives: list[PlanAlternative] = []
+    taken: dict[int, int] = {}
+    for j in order.tolist():
+        i = int(cfg_idx[j])
+        if j == best or taken.get(i, 0) >= alternatives_per_config:
+            continue
+        taken[i] = taken.get(i, 0) + 1
+        why = (
+            None
+            if feasible[j]
+            else f"slowdown {candidates[i].slowdown:+.1%} exceeds max_slowdown {spec.max_slowdown:.0%}"
+        )
+        alternatives.append(alt(i, start_s[j], em[j], cost[j], bool(feasible[j]), why))
+    for i in range(n):
+        if not meets_deadline_now[i]:
+            finish = now + timedelta(seconds=float(durations[i]))
+            why = f"finishes {finish.isoformat(timespec='minutes')} after finish_by even if started now"
+            ci0 = float(integral.mean(0.0, durations[i])) if integral is not None else 0.0
+            e0 = emissions_g(energies[i], ci0)
+            c0 = float(objective_costs(objective, energies[i : i + 1], durations[i : i + 1], np.array([e0]), ref)[0])
+            alternatives.append(alt(i, 0.0, e0, c0, False, why))
+
+    # Baseline: the reference configuration started now.
+    ref_i = candidates.index(ref_c)
+    base_ci = float(integral.mean(0.0, ref_c.duration_s)) if integral is not None else 0.0
+    base_em = emissions_g(ref_c.energy_j, base_ci)
+    base_cost = float(
+        objective_costs(objective, np.array([ref_c.energy_j]), np.array([ref_c.duration_s]), np.array([base_em]), ref)[
+            0
+        ]
+    )
+    base_ok = bool(meets_deadline_now[ref_i])
+    baseline = alt(ref_i, 0.0, base_em, base_cost, base_ok, None if base_ok else "misses finish_by")
+
+    reason = _reason(spec, chosen, start, em[best], base_em, ref_c, now, integral is not None, notes)
+    return Plan(
+        job=spec.name,
+        config=chosen.config,
+        start=start,
+        finish_by=spec.finish_by,
+        predicted_duration_s=float(chosen.duration_s),
+        predicted_energy_j=float(chosen.energy_j),
+        predicted_emissions_g=float(em[best]),
+        objective=spec.objective,
+        region=forecast.region if forecast is not None else spec.region,
+        forecast_provider=forecast.provider if forecast is not None else "none",
+        signal_kind=forecast.signal_kind if forecast is not None else "average-lifecycle",
+        replay=forecast.replay if forecast is not None else False,
+        baseline=baseline,
+        alternatives=alternatives,
+        reason=reason,
+        created_at=now,
+    )
+
+
+def _reason(
+    spec: JobSpec,
+    chosen: Candidate,
+    start: datetime,
+    em: float,
+    base_em: float,
+    ref: Candidate,
+    now: datetime,
+    have_forecast: bool,
+    notes: list[str],
+) -> str:
+    when = "start now" if start == now else f"start {_hm(start)} UTC"
+    head = f"{_fmt_config(chosen.config)}, {when}"
+    if have_forecast:
+        vs = f"{_signed(_pct(em, base_em))} carbon"
+    else:
+        vs = f"{_signed(_pct(chosen.energy_j, ref.energy_j))} energy"
+    vs += f" vs start now at {_fmt_w(ref.config)}"
+    slow = chosen.slowdown
+    speed = f"{abs(slow) * 100:.0f} % {'slower' if slow > 0 else 'faster'}" if abs(slow) >= 0.005 else "same speed"
+    finish = start + timedelta(seconds=chosen.duration_s)
+    tail = f"finishes {_hm(finish)}"
+    if spec.finish_by is not None:
+        tail += f" {'before' if finish <= spec.finish_by else 'AFTER'} {_hm(spec.finish_by)}"
+    text = f"{head}: {vs}; {speed}, {tail}"
+    if notes:
+        text = f"{'; '.join(notes)} — {text}" if notes[0] == "DEADLINE AT RISK" else f"{text} ({'; '.join(notes)})"
+    return text
+
+
+def choose_power_limit(
+    power_limits_w: Sequence[float],
+    time_s: Sequence[float],
+    power_w: Sequence[float],
+    *,
+    objective: str = "energy",
+    max_slowdown: float | None = 0.10,
+    default_power_limit_w: float | None = None,
+    max_power_w: float | None = None,
+) -> float:
+    """The best power limit for one device/job from its per-limit time and power for the same work.
+
+    ``time_s[i]`` and ``power_w[i]`` are the time and mean power of the same amount of work at
+    ``power_limits_w[i]``. The reference is ``default_power_limit_w`` (else the highest limit); limits slower
+    than ``(1 + max_slowdown) ×`` the reference are excluded (``max_slowdown=None``: no bound). Under a fixed
+    intensity the ``carbon`` objective equals ``energy``. Ties go to the higher limit (less slowdown).
+    O(len(power_limits_w)).
+    """
+    if not (len(power_limits_w) == len(time_s) == len(power_w)) or not power_limits_w:
+        raise ValueError(
+            f"power_limits_w, time_s, power_w must be non-empty and of equal length; got "
+            f"{len(power_limits_w)}, {len(time_s)}, {len(power_w)}"
+        )
+    pls = np.asarray(power_limits_w, dtype=float)
+    t = np.asarray(time_s, dtype=float)
+    e = t * np.asarray(power_w, dtype=float)
+    ref_i = (
+        int(np.argmax(pls)) if default_power_limit_w is None else int(np.argmin(np.abs(pls - default_power_limit_w)))
+    )
+    ref = Reference(energy_j=float(e[ref_i]), time_s=float(t[ref_i]), max_power_w=float(max_power_w or pls.max()))
+    obj = "energy" if parse_objective(objective)[0] == "carbon" else objective
+    cost = objective_costs(obj, e, t, e, ref)
+    ok = np.ones(len(pls), dtype=bool) if max_slowdown is None else t <= ref.time_s * (1 + max_slowdown) * (1 + _EPS)
+    scale = max(float(np.max(np.abs(cost))), 1e-300)
+    order = np.lexsort((-pls, np.round(cost / scale, 12), ~ok))
+    return float(pls[int(order[0])])

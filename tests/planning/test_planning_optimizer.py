@@ -1,0 +1,229 @@
+"""The joint optimiser: deadlines, slowdown bound, flat vs dipping forecasts, determinism, properties."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from planning_factories import NOW, make_forecast, make_profile, make_spec
+
+from carbonflow.models import Config
+from carbonflow.planning import DeadlineError, choose_power_limit, plan_job, predict_candidates, work_samples
+from carbonflow.planning.costs import IntensityIntegral
+
+
+def _energy_optimal(spec, profile):
+    candidates, _, _ = predict_candidates(spec, profile)
+    return min((c for c in candidates if c.within_slowdown), key=lambda c: c.energy_j).config
+
+
+def test_flat_forecast_picks_the_energy_optimal_configuration_and_starts_now():
+    spec = make_spec(max_slowdown=0.5, max_containers=2)
+    profile = make_profile(containers=(1, 2))
+    plan = plan_job(spec, profile, make_forecast([250.0] * 96), NOW)
+    assert plan.config.key() == _energy_optimal(spec, profile).key()
+    assert plan.config.power_limit_w == 175  # 163 W / 84 samples/s is the least J per sample within +50 %
+    assert plan.start == NOW  # ties in carbon go to the earliest start
+    assert plan.predicted_emissions_g == pytest.approx(plan.predicted_energy_j / 3.6e6 * 250.0)
+
+
+def test_forecast_that_dips_later_moves_the_start_into_the_dip():
+    values = [300.0] * 96
+    for i in range(14, 22):  # 01:00-05:00 UTC
+        values[i] = 100.0
+    plan = plan_job(make_spec(), make_profile(), make_forecast(values), NOW)
+    assert NOW + timedelta(hours=7) <= plan.start
+    assert plan.start + timedelta(seconds=plan.predicted_duration_s) <= NOW + timedelta(hours=11)
+    assert plan.baseline is not None and plan.baseline.start == NOW
+    assert plan.predicted_emissions_g < 0.5 * plan.baseline.predicted_emissions_g
+    assert "carbon vs start now at 250 W" in plan.reason and "before" in plan.reason
+
+
+def test_slowdown_bound_excludes_slow_power_limits():
+    spec = make_spec(max_slowdown=0.05)
+    plan = plan_job(spec, make_profile(), make_forecast([250.0] * 96), NOW)
+    # 200 W is 7.5 % slower than 250 W, 225 W is 2 % slower: only 225/250 allowed.
+    assert plan.config.power_limit_w == 225
+    slow = [a for a in plan.alternatives if not a.feasible and a.why_not]
+    assert {a.config.power_limit_w for a in slow} >= {150, 175, 200}
+    assert all("max_slowdown" in a.why_not for a in slow)
+
+
+def test_deadline_that_cannot_be_met_raises_naming_finish_by_or_runs_fastest_with_a_warning():
+    spec = make_spec(hours=1.0)  # the fastest config needs 5000 s
+    with pytest.raises(DeadlineError, match="finish_by"):
+        plan_job(spec, make_profile(), make_forecast([200.0] * 96), NOW)
+    plan = plan_job(spec, make_profile(), make_forecast([200.0] * 96), NOW, on_infeasible="fastest")
+    assert plan.reason.startswith("DEADLINE AT RISK")
+    assert plan.start == NOW and plan.config.power_limit_w == 250
+
+
+def test_finish_by_in_the_past_is_rejected():
+    with pytest.raises(ValueError, match="finish_by"):
+        plan_job(make_spec(hours=-1), make_profile(), None, NOW)
+
+
+def test_no_forecast_starts_now_and_says_why():
+    plan = plan_job(make_spec(max_slowdown=0.5), make_profile(), None, NOW)
+    assert plan.start == NOW and plan.forecast_provider == "none"
+    assert "no forecast" in plan.reason
+    assert plan.config.power_limit_w == 175  # carbon → energy
+
+
+def test_work_in_steps_and_missing_samples_per_epoch():
+    spec = make_spec(epochs=None, steps=1000, batch_size=128)
+    assert work_samples(spec, make_profile()) == 128_000
+    profile = make_profile()
+    profile.samples_per_epoch = None
+    with pytest.raises(ValueError, match="samples_per_epoch"):
+        work_samples(make_spec(), profile)
+
+
+def test_profile_without_matching_points_names_the_field():
+    with pytest.raises(ValueError, match=r"profile\.points"):
+        plan_job(make_spec(min_containers=2, max_containers=2), make_profile(), None, NOW)
+
+
+def test_objectives_choose_their_own_optimum():
+    profile = make_profile()
+    flat = make_forecast([200.0] * 96)
+    assert plan_job(make_spec(objective="time"), profile, flat, NOW).config.power_limit_w == 250
+    assert plan_job(make_spec(objective="energy", max_slowdown=1), profile, flat, NOW).config.power_limit_w == 175
+    zeus_time = plan_job(make_spec(objective="zeus:0.0", max_slowdown=1), profile, flat, NOW)
+    assert zeus_time.config.power_limit_w == 250
+    eds = plan_job(make_spec(objective="eds:1.0", max_slowdown=1), profile, flat, NOW)
+    assert eds.config.power_limit_w == 250  # k = 1 weighs time only
+
+
+def test_plan_is_deterministic_and_lists_alternatives():
+    values = [200.0 + 50 * ((i * 7) % 5) for i in range(96)]
+    spec = make_spec(max_containers=2)
+    a = plan_job(spec, make_profile(containers=(1, 2)), make_forecast(values), NOW)
+    b = plan_job(spec, make_profile(containers=(1, 2)), make_forecast(values), NOW)
+    assert a.model_dump() == b.model_dump()
+    keys = {alt.config.key() for alt in a.alternatives}
+    assert len(keys) >= 5
+    assert all(alt.cost >= a.predicted_emissions_g - 1e-9 for alt in a.alternatives if alt.feasible)
+
+
+def test_batch_size_opt_in_chooses_among_batch_sizes():
+    profile = make_profile(batch_sizes=(64, 256), bs_speed={64: 1.0, 256: 1.6})
+    spec = make_spec(batch_size=64, batch_sizes=[64, 256], max_slowdown=0.3)
+    plan = plan_job(spec, profile, make_forecast([200.0] * 96), NOW)
+    assert plan.config.batch_size == 256
+    no_opt_in = plan_job(make_spec(batch_size=64, max_slowdown=0.3), profile, make_forecast([200.0] * 96), NOW)
+    assert no_opt_in.config.batch_size == 64
+
+
+def test_choose_power_limit_respects_slowdown_and_objective():
+    pls = [100, 150, 200, 250]
+    time_s = [200.0, 130.0, 110.0, 100.0]
+    power_w = [90.0, 130.0, 180.0, 240.0]
+    assert choose_power_limit(pls, time_s, power_w, objective="energy", max_slowdown=None) == 150
+    assert choose_power_limit(pls, time_s, power_w, objective="energy", max_slowdown=0.1) == 200
+    assert choose_power_limit(pls, time_s, power_w, objective="time") == 250
+    with pytest.raises(ValueError, match="equal length"):
+        choose_power_limit(pls, time_s[:2], power_w)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Properties on random profiles and forecasts.
+
+rows_strategy = st.lists(
+    st.tuples(
+        st.sampled_from([100, 125, 150, 175, 200, 225, 250, 275, 300]),
+        st.floats(10, 500),
+        st.floats(50, 300),
+    ),
+    min_size=1,
+    max_size=8,
+    unique_by=lambda r: r[0],
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=rows_strategy,
+    containers=st.lists(st.integers(1, 4), min_size=1, max_size=3, unique=True),
+    values=st.lists(st.floats(0, 800), min_size=1, max_size=120),
+    slot_s=st.sampled_from([900.0, 1800.0, 3600.0]),
+    hours=st.floats(0.5, 48),
+    max_slowdown=st.floats(0, 1),
+    objective=st.sampled_from(["carbon", "energy", "time", "edp", "eds:1.5", "eds:2", "zeus:0.5"]),
+    offset_s=st.floats(-7200, 7200),
+)
+def test_plan_never_misses_finish_by_nor_breaks_the_slowdown_bound(
+    rows, containers, values, slot_s, hours, max_slowdown, objective, offset_s
+):
+    profile = make_profile(rows=rows, containers=containers, samples_per_epoch=20_000)
+    spec = make_spec(
+        hours=hours,
+        max_slowdown=max_slowdown,
+        objective=objective,
+        epochs=3,
+        min_containers=min(containers),
+        max_containers=max(containers),
+    )
+    forecast = make_forecast(values, start=NOW + timedelta(seconds=offset_s), slot_s=slot_s)
+    try:
+        plan = plan_job(spec, profile, forecast, NOW)
+    except DeadlineError:
+        candidates, _, _ = predict_candidates(spec, profile)
+        assert min(c.duration_s for c in candidates) > hours * 3600 * (1 - 1e-9)
+        return
+    candidates, ref, _ = predict_candidates(spec, profile)
+    assert plan.start >= NOW
+    assert plan.start + timedelta(seconds=plan.predicted_duration_s) <= spec.finish_by + timedelta(milliseconds=5)
+    assert plan.predicted_duration_s <= ref.duration_s * (1 + max_slowdown) * (1 + 1e-6)
+    # The emissions it reports are the integral of the forecast over its window.
+    integral = IntensityIntegral(forecast, NOW)
+    mean = float(integral.mean((plan.start - NOW).total_seconds(), plan.predicted_duration_s))
+    assert plan.predicted_emissions_g == pytest.approx(plan.predicted_energy_j / 3.6e6 * mean, rel=1e-6, abs=1e-9)
+    # No feasible alternative beats it on the objective.
+    best = min((a.cost for a in plan.alternatives if a.feasible), default=None)
+    if best is not None and objective == "carbon":
+        assert plan.predicted_emissions_g <= best * (1 + 1e-6) + 1e-12
+
+
+@settings(max_examples=40, deadline=None)
+@given(values=st.lists(st.floats(1, 800), min_size=4, max_size=96), hours=st.floats(3, 48))
+def test_carbon_plan_is_no_worse_than_any_start_on_a_fine_grid(values, hours):
+    """Brute force: starting the chosen config at any 5-minute offset never gives less carbon."""
+    profile = make_profile(rows=[(250, 100.0, 236.0)])
+    spec = make_spec(hours=hours, epochs=2)
+    forecast = make_forecast(values)
+    plan = plan_job(spec, profile, forecast, NOW)
+    integral = IntensityIntegral(forecast, NOW)
+    latest = hours * 3600 - plan.predicted_duration_s
+    offsets = [i * 300.0 for i in range(int(latest // 300) + 1)]
+    brute = min(float(integral.mean(o, plan.predicted_duration_s)) for o in offsets)
+    chosen = float(integral.mean((plan.start - NOW).total_seconds(), plan.predicted_duration_s))
+    assert chosen <= brute * (1 + 1e-9) + 1e-9
+
+
+def test_history_correction_changes_the_prediction():
+    from carbonflow.planning import JobHistory, RunRecord
+
+    spec = make_spec()
+    profile = make_profile()
+    plan = plan_job(spec, profile, make_forecast([200.0] * 96), NOW)
+    history = JobHistory(
+        [
+            RunRecord(
+                job=spec.name,
+                config_key=plan.config.key(),
+                finished_at=NOW - timedelta(days=d),
+                predicted_duration_s=plan.predicted_duration_s,
+                realised_duration_s=plan.predicted_duration_s * 1.2,
+                predicted_energy_j=plan.predicted_energy_j,
+                realised_energy_j=plan.predicted_energy_j * 1.1,
+            )
+            for d in (1, 2, 3)
+        ]
+    )
+    corrected = plan_job(spec, profile, make_forecast([200.0] * 96), NOW, history)
+    same = [a for a in corrected.alternatives if a.config.key() == plan.config.key()] or [corrected]
+    assert same[0].predicted_duration_s == pytest.approx(plan.predicted_duration_s * 1.2)
+    assert Config(containers=1, power_limit_w=250).key() == "c1-pl250"
