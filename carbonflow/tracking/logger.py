@@ -1,0 +1,349 @@
+"""Log carbonflow's training and profiling runs to MLflow with the documented schema.
+
+Every call goes through the outage-safe spool (:mod:`carbonflow.tracking.spool`): it returns a
+:class:`TrackingOutcome` and never raises because the tracking server is down.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from datetime import datetime
+from importlib import metadata
+from pathlib import Path
+
+from carbonflow.models import Forecast, ForecastPoint, JobSpec, Plan, Profile, RunResult
+from carbonflow.tracking import schema
+from carbonflow.tracking.plots import forecast_plot, pareto_plot
+from carbonflow.tracking.records import ArtifactFile, RegistryRequest, RunRecord, TrackingOutcome
+from carbonflow.tracking.spool import deliver, new_idempotency_key
+
+log = logging.getLogger(__name__)
+
+J_PER_KWH = 3.6e6
+_REASON_MAX = 500
+
+
+def carbonflow_version() -> str:
+    """The installed carbonflow version (``unknown`` when running from a source tree)."""
+    try:
+        return metadata.version("carbonflow")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _ms(when: datetime) -> int:
+    return int(when.timestamp() * 1000)
+
+
+def _iso(when: datetime | None) -> str:
+    return "none" if when is None else when.isoformat()
+
+
+def _fmt(value: float | None) -> str:
+    return "default" if value is None else f"{value:g}"
+
+
+def _labels(labels: list[str]) -> str:
+    order = ["measured", "estimated", "simulated"]
+    return ",".join(label for label in order if label in set(labels)) or "unknown"
+
+
+def _device_model(result: RunResult, profile: Profile | None) -> str:
+    gpus = [d for d in result.devices if d.kind == "gpu"]
+    devices = gpus or result.devices
+    if devices:
+        models = sorted({d.device_model for d in devices})
+        prefix = "simulated " if all(d.label == "simulated" for d in devices) else ""
+        model = ",".join(models)
+        return model if model.startswith("simulated") else prefix + model
+    return profile.device_model if profile is not None else "unknown"
+
+
+def _check_same_job(spec: JobSpec, plan: Plan, result: RunResult) -> None:
+    if plan.job != spec.name:
+        raise ValueError(f"plan.job={plan.job!r} does not match spec.name={spec.name!r}; log a run of one job")
+    if result.job != spec.name:
+        raise ValueError(f"result.job={result.job!r} does not match spec.name={spec.name!r}; log a run of one job")
+
+
+def training_record(
+    spec: JobSpec,
+    plan: Plan,
+    result: RunResult,
+    *,
+    workdir: Path,
+    profile: Profile | None = None,
+    forecast: Forecast | None = None,
+    actual_points: list[ForecastPoint] | None = None,
+    power_trace_csv: Path | None = None,
+    model_path: Path | None = None,
+    idempotency_key: str | None = None,
+) -> RunRecord:
+    """The complete MLflow record of one training run (artifacts rendered into ``workdir``)."""
+    _check_same_job(spec, plan, result)
+    if power_trace_csv is not None and not Path(power_trace_csv).is_file():
+        raise ValueError(f"power_trace_csv={str(power_trace_csv)!r} is not a file; give the monitor's CSV or None")
+    if model_path is not None and not Path(model_path).exists():
+        raise ValueError(f"model_path={str(model_path)!r} does not exist; give the saved model file or None")
+    config = result.config
+    metrics: dict[str, float] = {
+        schema.M_DURATION_S: result.duration_s,
+        schema.M_ENERGY_GPU_J: result.energy_gpu_j,
+        schema.M_ENERGY_CPU_J: result.energy_cpu_j,
+        schema.M_ENERGY_TOTAL_J: result.energy_total_j,
+        schema.M_ENERGY_TOTAL_KWH: result.energy_total_j / J_PER_KWH,
+        schema.M_EMISSIONS_G: result.emissions_g,
+        schema.M_CARBON_INTENSITY_MEAN: result.carbon_intensity_mean_gco2_per_kwh,
+        schema.M_THROUGHPUT: result.throughput_samples_per_s,
+        schema.M_SAMPLES: float(result.samples),
+        schema.M_PREDICTED_DURATION_S: plan.predicted_duration_s,
+        schema.M_PREDICTED_ENERGY_TOTAL_J: plan.predicted_energy_j,
+        schema.M_PREDICTED_EMISSIONS_G: plan.predicted_emissions_g,
+        schema.M_EXIT_CODE: float(result.exit_code),
+    }
+    optional = {
+        schema.M_EMISSIONS_RUN_NOW_DEFAULT_G: result.emissions_run_now_default_g,
+        schema.M_SAVING_G: result.saving_g,
+        schema.M_SAVING_FRACTION: result.saving_fraction,
+        schema.M_PREDICTED_EMISSIONS_RUN_NOW_DEFAULT_G: (
+            plan.baseline.predicted_emissions_g if plan.baseline is not None else None
+        ),
+    }
+    metrics.update({k: v for k, v in optional.items() if v is not None})
+    for name, value in result.metrics.items():  # training metrics (test_accuracy, loss, ...) as reported
+        metrics.setdefault(name, float(value))
+
+    params = {
+        schema.P_CONTAINERS: str(config.containers),
+        schema.P_POWER_LIMIT_W: _fmt(config.power_limit_w),
+        schema.P_BATCH_SIZE: str(config.batch_size)
+        if config.batch_size is not None
+        else f"default ({spec.batch_size})",
+        schema.P_PLANNED_START: _iso(plan.start),
+        schema.P_ACTUAL_START: _iso(result.started_at),
+        schema.P_FINISH_BY: _iso(plan.finish_by),
+        schema.P_REGION: plan.region,
+        schema.P_FORECAST_PROVIDER: plan.forecast_provider,
+        schema.P_SIGNAL_KIND: plan.signal_kind,
+        schema.P_OBJECTIVE: plan.objective,
+        schema.P_COLOCATED_JOBS: ",".join(sorted(plan.colocated_with)) or "none",
+        schema.P_PLAN_REASON: plan.reason[:_REASON_MAX],
+        schema.P_REPLANS: str(plan.replans),
+    }
+
+    accuracy = result.metrics.get(schema.M_TEST_ACCURACY)
+    register: RegistryRequest | None = None
+    if model_path is None:
+        registry_note = "no model file given"
+    elif not result.succeeded:
+        registry_note = f"not registered: training exited with code {result.exit_code}"
+    elif spec.min_accuracy is not None and accuracy is None:
+        registry_note = f"not registered: the job's bar is test_accuracy >= {spec.min_accuracy:g} but none was reported"
+    elif spec.min_accuracy is not None and accuracy is not None and accuracy < spec.min_accuracy:
+        registry_note = f"not registered: test_accuracy {accuracy:.4f} < min_accuracy {spec.min_accuracy:g}"
+    else:
+        bar = "no bar set" if spec.min_accuracy is None else f">= min_accuracy {spec.min_accuracy:g}"
+        acc = "n/a" if accuracy is None else f"{accuracy:.4f}"
+        registry_note = f"registered: test_accuracy {acc} ({bar})"
+        version_tags = {
+            schema.M_ENERGY_TOTAL_J: f"{result.energy_total_j:.6g}",
+            schema.M_ENERGY_TOTAL_KWH: f"{result.energy_total_j / J_PER_KWH:.6g}",
+            schema.M_EMISSIONS_G: f"{result.emissions_g:.6g}",
+            schema.M_DURATION_S: f"{result.duration_s:.6g}",
+            schema.T_ENERGY_LABELS: _labels(list(result.energy_labels)),
+            schema.T_JOB: spec.name,
+            schema.T_CONFIG_KEY: config.key(),
+        }
+        if accuracy is not None:
+            version_tags[schema.M_TEST_ACCURACY] = f"{accuracy:.6g}"
+        if result.saving_g is not None:
+            version_tags[schema.M_SAVING_G] = f"{result.saving_g:.6g}"
+        register = RegistryRequest(
+            model_name=schema.registered_model_name(spec.name),
+            artifact_path=schema.A_MODEL_DIR,
+            version_tags=version_tags,
+            description=f"{config.key()}: {result.energy_total_j:.0f} J, {result.emissions_g:.3g} g CO2e",
+        )
+
+    replay = plan.replay or (forecast is not None and forecast.replay)
+    tags = {
+        schema.T_JOB: spec.name,
+        schema.T_KIND: schema.KIND_TRAINING,
+        schema.T_DEVICE_MODEL: _device_model(result, profile),
+        schema.T_DEVICE_UUIDS: ",".join(d.device_id for d in result.devices) or "none",
+        schema.T_ENERGY_LABELS: _labels(list(result.energy_labels)),
+        schema.T_REPLAY: "true" if replay else "false",
+        schema.T_VERSION: carbonflow_version(),
+        schema.T_CODE_VERSION: spec.code_version,
+        schema.T_CONFIG_KEY: config.key(),
+        schema.T_POWER_LIMIT_APPLIED: "true" if result.power_limit_applied else "false",
+        schema.T_MODEL_REGISTERED: "true" if register is not None else "false",
+        schema.T_MODEL_REGISTRY_NOTE: registry_note,
+        schema.T_NOTE: "\n".join([f"Plan: {plan.reason}", *result.notes, *(forecast.notes if forecast else [])]),
+    }
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    artifacts: list[ArtifactFile] = []
+    plan_file = workdir / schema.A_PLAN
+    plan_file.write_text(plan.model_dump_json(indent=2))
+    result_file = workdir / schema.A_RESULT
+    result_file.write_text(result.model_dump_json(indent=2))
+    artifacts += [ArtifactFile(file=str(plan_file)), ArtifactFile(file=str(result_file))]
+    if power_trace_csv is not None:
+        trace = workdir / schema.A_POWER_TRACE
+        trace.write_bytes(Path(power_trace_csv).read_bytes())
+        artifacts.append(ArtifactFile(file=str(trace)))
+    if plan.alternatives or (profile is not None and profile.points):
+        pareto_plot(workdir / schema.A_PARETO_PNG, plan=plan, profile=profile)
+        artifacts.append(ArtifactFile(file=str(workdir / schema.A_PARETO_PNG)))
+    if forecast is not None:
+        forecast_file = workdir / schema.A_FORECAST
+        forecast_file.write_text(forecast.model_dump_json(indent=2))
+        forecast_plot(
+            workdir / schema.A_FORECAST_PNG, forecast=forecast, plan=plan, result=result, actual_points=actual_points
+        )
+        artifacts += [ArtifactFile(file=str(forecast_file)), ArtifactFile(file=str(workdir / schema.A_FORECAST_PNG))]
+    if model_path is not None:
+        model_path = Path(model_path)
+        files = sorted(p for p in model_path.rglob("*") if p.is_file()) if model_path.is_dir() else [model_path]
+        for file in files:
+            sub = file.parent.relative_to(model_path).as_posix() if model_path.is_dir() else "."
+            folder = schema.A_MODEL_DIR if sub == "." else f"{schema.A_MODEL_DIR}/{sub}"
+            artifacts.append(ArtifactFile(file=str(file), artifact_path=folder))
+
+    return RunRecord(
+        idempotency_key=idempotency_key or new_idempotency_key(),
+        job=spec.name,
+        kind=schema.KIND_TRAINING,
+        experiment=schema.experiment_name(spec.name),
+        run_name=f"{spec.name} {result.started_at:%Y-%m-%d %H:%M} {config.key()}",
+        start_time_ms=_ms(result.started_at),
+        end_time_ms=_ms(result.ended_at),
+        status="FINISHED" if result.succeeded else "FAILED",
+        params=params,
+        metrics=metrics,
+        tags=tags,
+        artifacts=artifacts,
+        registry=register,
+        assign_recurrence=True,
+    )
+
+
+def log_training_run(
+    spec: JobSpec,
+    plan: Plan,
+    result: RunResult,
+    *,
+    profile: Profile | None = None,
+    forecast: Forecast | None = None,
+    actual_points: list[ForecastPoint] | None = None,
+    power_trace_csv: Path | None = None,
+    model_path: Path | None = None,
+    tracking_uri: str | None = None,
+    spool_dir: Path | None = None,
+) -> TrackingOutcome:
+    """Log one training run (schema, plan/result JSON, power trace, Pareto and forecast PNGs, model).
+
+    Registers the model as ``carbonflow-<job>`` when training succeeded and ``test_accuracy`` meets
+    ``spec.min_accuracy`` (or no bar is set), with energy and emissions as version tags. When the
+    tracking store is unreachable the run waits in the spool: ``outcome.spooled`` is True and
+    ``outcome.message`` says so; the caller should log that line and carry on.
+    """
+    with tempfile.TemporaryDirectory(prefix="carbonflow-track-") as tmp:
+        record = training_record(
+            spec,
+            plan,
+            result,
+            workdir=Path(tmp),
+            profile=profile,
+            forecast=forecast,
+            actual_points=actual_points,
+            power_trace_csv=power_trace_csv,
+            model_path=model_path,
+        )
+        return deliver(record, tracking_uri, root=spool_dir)
+
+
+def profile_record(spec: JobSpec, profile: Profile, *, workdir: Path, idempotency_key: str | None = None) -> RunRecord:
+    """The MLflow record of a profiling session: a parent run and a nested run per configuration."""
+    if profile.job != spec.name:
+        raise ValueError(f"profile.job={profile.job!r} does not match spec.name={spec.name!r}")
+    if not profile.points:
+        raise ValueError("profile.points is empty; a profile needs at least one configuration")
+    key = idempotency_key or new_idempotency_key()
+    workdir.mkdir(parents=True, exist_ok=True)
+    profile_file = workdir / schema.A_PROFILE
+    profile_file.write_text(profile.model_dump_json(indent=2))
+    pareto_plot(workdir / schema.A_PARETO_PNG, profile=profile)
+    start_ms = _ms(profile.measured_at)
+    total_s = sum(p.duration_s for p in profile.points)
+    common_tags = {
+        schema.T_JOB: spec.name,
+        schema.T_DEVICE_MODEL: profile.device_model,
+        schema.T_ENERGY_LABELS: profile.label,
+        schema.T_VERSION: carbonflow_version(),
+        schema.T_CODE_VERSION: profile.code_version,
+    }
+    children = []
+    for i, point in enumerate(profile.points):
+        children.append(
+            RunRecord(
+                idempotency_key=f"{key}.{i}",
+                job=spec.name,
+                kind=schema.KIND_PROFILE_POINT,
+                experiment=schema.experiment_name(spec.name),
+                run_name=point.config.key(),
+                start_time_ms=start_ms,
+                end_time_ms=start_ms + int(point.duration_s * 1000),
+                params={
+                    schema.P_CONTAINERS: str(point.config.containers),
+                    schema.P_POWER_LIMIT_W: _fmt(point.config.power_limit_w),
+                    schema.P_BATCH_SIZE: str(point.config.batch_size)
+                    if point.config.batch_size is not None
+                    else f"default ({spec.batch_size})",
+                },
+                metrics={
+                    schema.M_THROUGHPUT: point.throughput_samples_per_s,
+                    schema.M_ENERGY_PER_SAMPLE_J: point.energy_per_sample_j,
+                    schema.M_POWER_TOTAL_W: point.power_total_w,
+                    schema.M_DURATION_S: point.duration_s,
+                    schema.M_SAMPLES: float(point.samples),
+                },
+                tags={
+                    **common_tags,
+                    schema.T_KIND: schema.KIND_PROFILE_POINT,
+                    schema.T_ENERGY_LABELS: point.label,
+                    schema.T_CONFIG_KEY: point.config.key(),
+                },
+            )
+        )
+    params = {
+        schema.P_DEVICE_KIND: profile.device_kind,
+        schema.P_PROFILE_CONFIGURATIONS: str(len(profile.points)),
+        schema.P_DEFAULT_POWER_LIMIT_W: _fmt(profile.default_power_limit_w),
+        schema.P_MAX_POWER_W: _fmt(profile.max_power_w),
+    }
+    return RunRecord(
+        idempotency_key=key,
+        job=spec.name,
+        kind=schema.KIND_PROFILE,
+        experiment=schema.experiment_name(spec.name),
+        run_name=f"profile {spec.name} {profile.measured_at:%Y-%m-%d %H:%M} ({profile.label})",
+        start_time_ms=start_ms,
+        end_time_ms=start_ms + int(total_s * 1000),
+        params=params,
+        metrics={schema.M_DURATION_S: total_s},
+        tags={**common_tags, schema.T_KIND: schema.KIND_PROFILE, schema.T_MEASURED_AT: profile.measured_at.isoformat()},
+        artifacts=[ArtifactFile(file=str(profile_file)), ArtifactFile(file=str(workdir / schema.A_PARETO_PNG))],
+        children=children,
+    )
+
+
+def log_profile(
+    spec: JobSpec, profile: Profile, *, tracking_uri: str | None = None, spool_dir: Path | None = None
+) -> TrackingOutcome:
+    """Log a profiling session: a run (Profile JSON, Pareto PNG) with a nested run per configuration."""
+    with tempfile.TemporaryDirectory(prefix="carbonflow-track-") as tmp:
+        record = profile_record(spec, profile, workdir=Path(tmp))
+        return deliver(record, tracking_uri, root=spool_dir)

@@ -1,0 +1,137 @@
+"""PNG plots carbonflow attaches to MLflow runs (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from carbonflow.models import Forecast, ForecastPoint, Plan, Profile, RunResult
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def _figure(width_in: float, height_in: float) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width_in, height_in), dpi=100, layout="constrained")
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points not dominated in (time, energy), both minimised, sorted by time."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1]))
+    front: list[int] = []
+    best_energy = float("inf")
+    for i in order:
+        if points[i][1] < best_energy:
+            front.append(i)
+            best_energy = points[i][1]
+    return front
+
+
+def pareto_plot(path: Path, *, plan: Plan | None = None, profile: Profile | None = None, title: str = "") -> Path:
+    """Energy vs time of the profiled configurations, coloured by carbon, the chosen one ringed.
+
+    With a plan holding alternatives, each configuration is shown at its predicted full-job time and
+    energy, coloured by its lowest predicted emissions over the start times considered. Otherwise the
+    profile's points are shown per sample (time and energy per 1000 samples), coloured by power.
+    """
+    labels: list[str] = []
+    xs: list[float] = []
+    ys: list[float] = []
+    colours: list[float] = []
+    if plan is not None and plan.alternatives:
+        best: dict[str, tuple[float, float, float]] = {}
+        for alt in plan.alternatives:
+            key = alt.config.key()
+            value = (alt.predicted_duration_s, alt.predicted_energy_j, alt.predicted_emissions_g)
+            if key not in best or value[2] < best[key][2]:
+                best[key] = value
+        for key, (t, e, g) in sorted(best.items()):
+            labels.append(key)
+            xs.append(t)
+            ys.append(e / 1000)
+            colours.append(g)
+        x_label, y_label, c_label = "predicted time (s)", "predicted energy (kJ)", "predicted emissions (g CO2e)"
+        chosen = plan.config.key()
+        label_note = "planned" + (" (carbon data replayed)" if plan.replay else "")
+    elif profile is not None and profile.points:
+        for point in profile.points:
+            labels.append(point.config.key())
+            xs.append(1000 / point.throughput_samples_per_s)
+            ys.append(point.energy_per_sample_j)
+            colours.append(point.power_total_w)
+        x_label, y_label, c_label = "time per 1000 samples (s)", "energy per 1000 samples (kJ)", "mean power (W)"
+        chosen = plan.config.key() if plan is not None else ""
+        label_note = f"profile, {profile.label}"
+    else:
+        raise ValueError("pareto_plot needs a plan with alternatives or a profile with points")
+
+    fig = _figure(8, 5.5)
+    ax = fig.add_subplot()
+    scatter = ax.scatter(xs, ys, c=colours, cmap="viridis_r", s=60, edgecolors="black", linewidths=0.5)
+    fig.colorbar(scatter, ax=ax, label=c_label)
+    front = pareto_front(list(zip(xs, ys, strict=True)))
+    ax.plot([xs[i] for i in front], [ys[i] for i in front], "--", color="grey", label="Pareto front (time, energy)")
+    for i, label in enumerate(labels):
+        ax.annotate(label, (xs[i], ys[i]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        if label == chosen:
+            ax.scatter([xs[i]], [ys[i]], s=220, facecolors="none", edgecolors="red", linewidths=2, label="chosen")
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(y_label)
+    ax.set_title(title or f"configurations: energy vs time ({label_note})")
+    ax.legend(loc="best", fontsize=8)
+    ax.grid(alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
+def _steps(points: list[ForecastPoint]) -> tuple[list, list[float]]:
+    xs: list = []
+    ys: list[float] = []
+    for point in points:
+        xs.extend([point.start, point.end])
+        ys.extend([point.gco2_per_kwh, point.gco2_per_kwh])
+    return xs, ys
+
+
+def forecast_plot(
+    path: Path,
+    *,
+    forecast: Forecast,
+    plan: Plan,
+    result: RunResult | None = None,
+    actual_points: list[ForecastPoint] | None = None,
+) -> Path:
+    """Forecast intensity over time with the planned window, the actual window and realised intensity."""
+    import matplotlib.dates as mdates
+
+    fig = _figure(10, 5)
+    ax = fig.add_subplot()
+    xs, ys = _steps(forecast.points)
+    replay = " (replayed data)" if forecast.replay else ""
+    ax.plot(xs, ys, color="tab:blue", label=f"forecast: {forecast.provider}, {forecast.signal_kind}{replay}")
+    if actual_points:
+        axs, ays = _steps(sorted(actual_points, key=lambda p: p.start))
+        ax.plot(axs, ays, color="black", linewidth=1, label="realised intensity")
+    planned_end = plan.start + timedelta(seconds=plan.predicted_duration_s)
+    ax.axvspan(plan.start, planned_end, color="tab:green", alpha=0.25, label="planned window")
+    if result is not None:
+        ax.axvspan(result.started_at, result.ended_at, color="tab:orange", alpha=0.35, label="actual window")
+    if plan.baseline is not None:
+        base_end = plan.baseline.start + timedelta(seconds=plan.baseline.predicted_duration_s)
+        ax.axvspan(plan.baseline.start, base_end, color="tab:red", alpha=0.12, label="run-now baseline")
+    if plan.finish_by is not None:
+        ax.axvline(plan.finish_by, color="tab:red", linestyle="--", label="finish by")
+    ax.set_ylabel("carbon intensity (g CO2e/kWh)")
+    ax.set_xlabel("time (UTC)")
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M", tz=forecast.issued_at.tzinfo))
+    ax.set_title(f"{plan.job} in {forecast.region}: forecast issued {forecast.issued_at:%Y-%m-%d %H:%M} UTC")
+    ax.legend(loc="best", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.autofmt_xdate()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path

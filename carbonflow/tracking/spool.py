@@ -1,0 +1,217 @@
+"""Outage safety: every run is written to a local spool first, then to MLflow; no run is ever lost.
+
+``deliver`` writes the record and copies of its files under ``<home>/spool/<stamp>-<key>/`` (atomically,
+by renaming a finished temporary folder), then tries the tracking store with short HTTP timeouts.
+Success removes the spool entry; failure keeps it and says why. ``replay_spool`` writes the waiting
+entries, oldest first, each under a file lock so two replays never race; the idempotency key makes a
+replay after a half-finished write resume that run instead of duplicating it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from carbonflow.models import utcnow
+from carbonflow.tracking.records import ArtifactFile, RunRecord, SpoolEntryMeta, TrackingOutcome
+from carbonflow.tracking.uri import carbonflow_home, resolve_tracking_uri, server_reachable, short_http_timeouts
+
+log = logging.getLogger(__name__)
+
+ENTRY_FILE = "entry.json"
+LOCK_FILE = "lock"
+REPLAYED_LOG = "replayed.jsonl"
+
+
+def new_idempotency_key() -> str:
+    """A fresh client-made idempotency key."""
+    return uuid.uuid4().hex
+
+
+def spool_root(home: Path | None = None) -> Path:
+    """``<home>/spool``, where runs wait while the tracking server is down."""
+    return (home or carbonflow_home()) / "spool"
+
+
+@dataclass(frozen=True)
+class SpoolEntry:
+    """A spooled record on disk."""
+
+    path: Path
+    meta: SpoolEntryMeta
+
+    @property
+    def record(self) -> RunRecord:
+        return self.meta.record
+
+
+def _localise(record: RunRecord, files_dir: Path, counter: list[int]) -> RunRecord:
+    """Copy the record's files into ``files_dir`` and return the record with paths relative to the entry."""
+    artifacts = []
+    for artifact in record.artifacts:
+        source = Path(artifact.file)
+        if not source.is_file():
+            raise FileNotFoundError(f"artifact file {source} of run {record.run_name!r} does not exist")
+        counter[0] += 1
+        target = files_dir / f"{counter[0]:03d}" / source.name
+        target.parent.mkdir(parents=True)
+        shutil.copy2(source, target)
+        artifacts.append(
+            ArtifactFile(file=str(target.relative_to(files_dir.parent)), artifact_path=artifact.artifact_path)
+        )
+    children = [_localise(child, files_dir, counter) for child in record.children]
+    return record.model_copy(update={"artifacts": artifacts, "children": children})
+
+
+def write_spool(record: RunRecord, tracking_uri: str, *, root: Path | None = None, reason: str = "") -> SpoolEntry:
+    """Durably store ``record`` and copies of its files; returns the entry."""
+    root = root or spool_root()
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = utcnow().strftime("%Y%m%dT%H%M%S%fZ")
+    final = root / f"{stamp}-{record.idempotency_key}"
+    tmp = root / f".tmp-{stamp}-{record.idempotency_key}"
+    tmp.mkdir()
+    try:
+        local = _localise(record, tmp / "files", [0])
+        meta = SpoolEntryMeta(tracking_uri=tracking_uri, reason=reason, record=local)
+        (tmp / ENTRY_FILE).write_text(meta.model_dump_json(indent=1))
+        tmp.rename(final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return SpoolEntry(final, meta)
+
+
+def _load(path: Path) -> SpoolEntry | None:
+    try:
+        return SpoolEntry(path, SpoolEntryMeta.model_validate_json((path / ENTRY_FILE).read_text()))
+    except (OSError, ValueError) as exc:
+        log.error("unreadable spool entry %s: %s", path, exc)
+        return None
+
+
+def pending(*, root: Path | None = None, tracking_uri: str | None = None) -> list[SpoolEntry]:
+    """Spooled entries, oldest first (only those meant for ``tracking_uri`` when given)."""
+    root = root or spool_root()
+    if not root.is_dir():
+        return []
+    entries = []
+    for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        entry = _load(path)
+        if entry is not None and (tracking_uri is None or entry.meta.tracking_uri == tracking_uri):
+            entries.append(entry)
+    return entries
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[bool]:
+    with open(path / LOCK_FILE, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _flush(entry: SpoolEntry, uri: str, *, from_spool: bool) -> tuple[str, str, str | None] | None:
+    """Write one entry; on success remove it and return (run_id, experiment_id, version); None if locked."""
+    from carbonflow.tracking.store import client_for, write_record
+
+    with _locked(entry.path) as got_lock:
+        if not got_lock or not entry.path.exists():
+            return None
+        meta = entry.meta
+        meta.attempts += 1
+        meta.last_attempt_at = utcnow()
+        try:
+            with short_http_timeouts():
+                result = write_record(client_for(uri), uri, meta.record, entry.path, from_spool=from_spool)
+        except Exception as exc:
+            meta.last_error = f"{type(exc).__name__}: {exc}"[:2000]
+            (entry.path / ENTRY_FILE).write_text(meta.model_dump_json(indent=1))
+            raise
+        line = {
+            "idempotency_key": meta.record.idempotency_key,
+            "run_id": result[0],
+            "tracking_uri": uri,
+            "spooled_at": meta.spooled_at.isoformat(),
+            "written_at": utcnow().isoformat(),
+            "attempts": meta.attempts,
+            "from_spool": from_spool,
+        }
+        with open(entry.path.parent / REPLAYED_LOG, "a") as handle:
+            handle.write(json.dumps(line) + "\n")
+    shutil.rmtree(entry.path, ignore_errors=True)
+    return result
+
+
+def replay_spool(tracking_uri: str | None = None, *, root: Path | None = None, all_targets: bool = False) -> int:
+    """Write waiting spooled runs to ``tracking_uri``, oldest first; returns how many were written.
+
+    Stops at the first failure (the store is still down) and leaves the rest waiting. With
+    ``all_targets`` it also replays entries first meant for another tracking URI into this one.
+    """
+    uri = resolve_tracking_uri(tracking_uri)
+    reachable, why = server_reachable(uri)
+    if not reachable:
+        log.warning("not replaying the spool: %s", why)
+        return 0
+    written = 0
+    for entry in pending(root=root, tracking_uri=None if all_targets else uri):
+        try:
+            if _flush(entry, uri, from_spool=True) is not None:
+                written += 1
+        except Exception as exc:
+            log.warning("replay of %s stopped: %s: %s", entry.path.name, type(exc).__name__, exc)
+            break
+    return written
+
+
+def deliver(record: RunRecord, tracking_uri: str | None = None, *, root: Path | None = None) -> TrackingOutcome:
+    """Spool ``record``, replay older waiting runs, then write it; never raises because tracking is down."""
+    uri = resolve_tracking_uri(tracking_uri)
+    entry = write_spool(record, uri, root=root)
+    outcome = TrackingOutcome(tracking_uri=uri, idempotency_key=record.idempotency_key)
+    reachable, why = server_reachable(uri)
+    if not reachable:
+        return _spooled(entry, outcome, why)
+    older = [e for e in pending(root=root, tracking_uri=uri) if e.path != entry.path]
+    for waiting in older:
+        try:
+            if _flush(waiting, uri, from_spool=True) is not None:
+                outcome.replayed_from_spool += 1
+        except Exception as exc:
+            return _spooled(entry, outcome, f"replay of an older spooled run failed: {type(exc).__name__}: {exc}")
+    try:
+        result = _flush(entry, uri, from_spool=False)
+    except Exception as exc:
+        return _spooled(entry, outcome, f"{type(exc).__name__}: {exc}")
+    if result is None:  # another process holds the entry; it will write it
+        return _spooled(entry, outcome, "spool entry locked by another replay")
+    outcome.run_id, outcome.experiment_id, outcome.model_version = result
+    log.info(outcome.message)
+    return outcome
+
+
+def _spooled(entry: SpoolEntry, outcome: TrackingOutcome, reason: str) -> TrackingOutcome:
+    reason = reason[:500]
+    if entry.path.exists():
+        meta = entry.meta
+        meta.reason = reason
+        (entry.path / ENTRY_FILE).write_text(meta.model_dump_json(indent=1))
+    outcome.spooled = True
+    outcome.reason = reason
+    outcome.spool_path = str(entry.path)
+    log.warning(outcome.message)
+    return outcome

@@ -1,0 +1,224 @@
+"""Writing a :class:`RunRecord` to MLflow idempotently, and the small read helpers the rest share.
+
+Idempotency: a run is created with its client-made key as a tag (in the same request), so a retry
+finds it; a run is only marked complete (tag ``carbonflow.complete=true``, status set) after every
+param, metric, artifact, nested run and model version is written, so a write interrupted by an
+outage is resumed on the same run, never duplicated.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from carbonflow.tracking import schema
+from carbonflow.tracking.records import RunRecord
+from carbonflow.tracking.uri import experiment_artifact_location
+
+if TYPE_CHECKING:
+    from mlflow.client import MlflowClient
+    from mlflow.entities import Run
+
+log = logging.getLogger(__name__)
+
+_PARAM_VALUE_MAX = 6000
+
+
+def client_for(uri: str) -> MlflowClient:
+    """An MLflow client bound to ``uri`` (no global state touched)."""
+    from mlflow.client import MlflowClient
+
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def get_experiment_id(client: MlflowClient, name: str) -> str | None:
+    """The id of experiment ``name``, or None when it does not exist (or was deleted)."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None or experiment.lifecycle_stage != "active":
+        return None
+    return experiment.experiment_id
+
+
+def ensure_experiment(client: MlflowClient, name: str, uri: str, job: str) -> str:
+    """Get or create experiment ``name`` (local stores get artifacts under ``<home>/mlartifacts``)."""
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        if experiment.lifecycle_stage != "active":
+            client.restore_experiment(experiment.experiment_id)
+        return experiment.experiment_id
+    try:
+        return client.create_experiment(
+            name, artifact_location=experiment_artifact_location(uri, name), tags={schema.T_JOB: job}
+        )
+    except MlflowException as exc:  # created concurrently by another task
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            raise
+        return found.experiment_id
+
+
+def quote(value: str) -> str:
+    """Quote a string literal for an MLflow filter string."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def tag_filter(tag: str, value: str) -> str:
+    """``tags.`name` = 'value'`` (backticks because carbonflow tags contain dots)."""
+    return f"tags.`{tag}` = {quote(value)}"
+
+
+def search_all_runs(
+    client: MlflowClient, experiment_ids: list[str], filter_string: str = "", *, include_deleted: bool = False
+) -> list[Run]:
+    """Every run matching ``filter_string``, following MLflow's pagination."""
+    from mlflow.entities import ViewType
+
+    view = ViewType.ALL if include_deleted else ViewType.ACTIVE_ONLY
+    runs: list[Run] = []
+    token: str | None = None
+    while True:
+        page = client.search_runs(
+            experiment_ids,
+            filter_string=filter_string,
+            run_view_type=view,
+            max_results=1000,
+            order_by=["attributes.start_time ASC"],
+            page_token=token,
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def find_run_by_key(client: MlflowClient, experiment_id: str, key: str) -> Run | None:
+    """The run carrying idempotency key ``key`` (deleted runs count: a user's deletion is respected)."""
+    runs = search_all_runs(client, [experiment_id], tag_filter(schema.T_IDEMPOTENCY_KEY, key), include_deleted=True)
+    if len(runs) > 1:
+        log.warning("%d runs carry idempotency key %s; using the oldest", len(runs), key)
+    return runs[0] if runs else None
+
+
+def next_recurrence(client: MlflowClient, experiment_id: str) -> int:
+    """1 + the highest recurrence index among the experiment's training runs (1 for a new job)."""
+    runs = search_all_runs(client, [experiment_id], tag_filter(schema.T_KIND, schema.KIND_TRAINING))
+    highest = 0
+    for run in runs:
+        try:
+            highest = max(highest, int(run.data.tags.get(schema.T_RECURRENCE, "0")))
+        except ValueError:
+            continue
+    return highest + 1
+
+
+def _log_missing_fields(client: MlflowClient, run: Run, record: RunRecord, extra_tags: dict[str, str]) -> None:
+    from mlflow.entities import Metric, Param, RunTag
+
+    run_id = run.info.run_id
+    have_params = run.data.params
+    have_metrics = run.data.metrics
+    params = [Param(k, str(v)[:_PARAM_VALUE_MAX]) for k, v in sorted(record.params.items()) if k not in have_params]
+    metrics = [
+        Metric(k, float(v), record.end_time_ms, 0) for k, v in sorted(record.metrics.items()) if k not in have_metrics
+    ]
+    tags = [RunTag(k, v) for k, v in sorted({**record.tags, **extra_tags}.items()) if k != schema.T_COMPLETE]
+    for i in range(0, max(len(params), len(metrics), len(tags), 1), 100):
+        client.log_batch(run_id, metrics=metrics[i : i + 100], params=params[i : i + 100], tags=tags[i : i + 100])
+
+
+def _register(client: MlflowClient, run: Run, record: RunRecord) -> str | None:
+    from mlflow.exceptions import MlflowException
+
+    request = record.registry
+    if request is None:
+        return None
+    run_id = run.info.run_id
+    existing = [mv for mv in client.search_model_versions(f"run_id = {quote(run_id)}") if mv.name == request.model_name]
+    if existing:
+        return str(existing[0].version)
+    try:
+        client.create_registered_model(
+            request.model_name,
+            tags={schema.T_JOB: record.job},
+            description=f"Models trained by carbonflow job {record.job!r}; version tags say what each cost.",
+        )
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    version = client.create_model_version(
+        request.model_name,
+        source=f"{run.info.artifact_uri.rstrip('/')}/{request.artifact_path}",
+        run_id=run_id,
+        tags=request.version_tags,
+        description=request.description,
+    )
+    return str(version.version)
+
+
+def write_record(
+    client: MlflowClient,
+    uri: str,
+    record: RunRecord,
+    base_dir: Path,
+    *,
+    parent_run_id: str | None = None,
+    from_spool: bool = False,
+) -> tuple[str, str, str | None]:
+    """Write ``record`` (files relative to ``base_dir``); returns (run_id, experiment_id, model_version)."""
+    experiment_id = ensure_experiment(client, record.experiment, uri, record.job)
+    run = find_run_by_key(client, experiment_id, record.idempotency_key)
+    if run is not None and run.data.tags.get(schema.T_COMPLETE) == "true":
+        version = None
+        if record.registry is not None:
+            versions = client.search_model_versions(f"run_id = {quote(run.info.run_id)}")
+            version = next((str(v.version) for v in versions if v.name == record.registry.model_name), None)
+        return run.info.run_id, experiment_id, version
+
+    extra_tags: dict[str, str] = {schema.T_SPOOLED: "true" if from_spool else "false"}
+    if run is None:
+        create_tags = {**record.tags, schema.T_IDEMPOTENCY_KEY: record.idempotency_key}
+        create_tags.pop(schema.T_COMPLETE, None)
+        if parent_run_id is not None:
+            create_tags[schema.T_PARENT_RUN_ID] = parent_run_id
+        if record.assign_recurrence:
+            create_tags[schema.T_RECURRENCE] = str(next_recurrence(client, experiment_id))
+        run = client.create_run(
+            experiment_id, start_time=record.start_time_ms, tags=create_tags, run_name=record.run_name
+        )
+    else:
+        log.info("resuming incomplete run %s (idempotency key %s)", run.info.run_id, record.idempotency_key)
+    if schema.T_RECURRENCE in run.data.tags:
+        extra_tags[schema.T_RECURRENCE] = run.data.tags[schema.T_RECURRENCE]
+    run_id = run.info.run_id
+
+    _log_missing_fields(client, run, record, extra_tags)
+    for artifact in record.artifacts:
+        client.log_artifact(run_id, str(base_dir / artifact.file), artifact.artifact_path)
+    for child in record.children:
+        write_record(client, uri, child, base_dir, parent_run_id=run_id, from_spool=from_spool)
+    version = _register(client, client.get_run(run_id), record)
+    if version is not None:
+        client.set_tag(
+            run_id,
+            schema.T_MODEL_REGISTRY_NOTE,
+            f"{record.tags.get(schema.T_MODEL_REGISTRY_NOTE, 'registered')}; version {version}",
+        )
+    client.set_tag(run_id, schema.T_COMPLETE, "true")
+    client.set_terminated(run_id, status=record.status, end_time=record.end_time_ms)
+    return run_id, experiment_id, version
+
+
+def run_summary(run: Run) -> dict[str, Any]:
+    """A JSON-friendly view of a run (for tests, reports and debugging)."""
+    return {
+        "run_id": run.info.run_id,
+        "status": run.info.status,
+        "params": dict(run.data.params),
+        "metrics": dict(run.data.metrics),
+        "tags": {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.") or k == schema.T_PARENT_RUN_ID},
+    }
