@@ -1,0 +1,334 @@
+"""Choose when to run a deferrable job from a carbon-intensity forecast (pure: no I/O, no clock).
+
+* :func:`mean_intensity_gco2_per_kwh` — time-weighted mean intensity of a series over ``[start, end)``.
+* :func:`choose_start` — the contiguous start in ``[earliest, finish_by - duration]`` with the lowest expected
+  intensity. The robust variant (default) penalises each candidate by the uncertainty of its gain over running
+  at once: forecast error grows with lead time and is correlated between nearby slots (calibrated on real
+  published forecasts, see :mod:`carbonflow.carbon.calibration`), so a later window must beat "run now" by more
+  than ``risk_aversion`` standard deviations of that difference before it is chosen.
+* :func:`choose_intervals` — for checkpointable jobs: the cheapest slots (not necessarily contiguous) that add up
+  to the duration before ``finish_by``.
+
+Every choice meets ``finish_by`` when that is possible; with no usable forecast it starts at once and says why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from carbonflow.carbon.base import require_utc
+from carbonflow.carbon.calibration import LeadTimeErrorModel, default_error_model
+from carbonflow.models import Forecast, ForecastPoint
+
+DEFAULT_RISK_AVERSION = 0.5
+_COVERED = 0.999
+_MAE_TO_SIGMA = math.sqrt(math.pi / 2.0)
+
+
+class WindowChoice(BaseModel):
+    """When to start, what the forecast expects, and why (one line a person can read)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    start: datetime
+    end: datetime
+    expected_gco2_per_kwh: float | None
+    run_now_gco2_per_kwh: float | None
+    reason: str
+    fallback: bool
+    robust: bool = False
+    provider: str | None = None
+    signal_kind: str | None = None
+
+    @property
+    def expected_reduction(self) -> float | None:
+        """Forecast reduction of intensity against starting at once (fraction), when both are known."""
+        if self.expected_gco2_per_kwh is None or not self.run_now_gco2_per_kwh:
+            return None
+        return 1.0 - self.expected_gco2_per_kwh / self.run_now_gco2_per_kwh
+
+
+class IntervalChoice(BaseModel):
+    """Run intervals for a checkpointable job, in time order."""
+
+    model_config = ConfigDict(frozen=True)
+
+    intervals: list[tuple[datetime, datetime]]
+    expected_gco2_per_kwh: float | None
+    run_now_gco2_per_kwh: float | None
+    reason: str
+    fallback: bool
+    provider: str | None = None
+
+    @property
+    def start(self) -> datetime:
+        return self.intervals[0][0]
+
+
+def _arrays(points: Sequence[ForecastPoint]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    pts = sorted(points, key=lambda p: p.start)
+    t0 = np.array([p.start.timestamp() for p in pts], dtype=float)
+    t1 = np.array([p.end.timestamp() for p in pts], dtype=float)
+    val = np.array([p.gco2_per_kwh for p in pts], dtype=float)
+    if len(pts) > 1:  # drop overlaps: a slot starting before the previous one ended is cut
+        t0[1:] = np.maximum(t0[1:], t1[:-1])
+        keep = t1 > t0
+        t0, t1, val = t0[keep], t1[keep], val[keep]
+    return t0, t1, val
+
+
+def _cumulative(t0: np.ndarray, t1: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Breakpoints x and the cumulative integral F(x) and covered time C(x) (constant across gaps)."""
+    length = t1 - t0
+    energy = np.concatenate([[0.0], np.cumsum(val * length)])
+    cover = np.concatenate([[0.0], np.cumsum(length)])
+    x = np.empty(2 * len(t0))
+    x[0::2], x[1::2] = t0, t1
+    f = np.empty_like(x)
+    f[0::2], f[1::2] = energy[:-1], energy[1:]
+    c = np.empty_like(x)
+    c[0::2], c[1::2] = cover[:-1], cover[1:]
+    return x, f, c
+
+
+def _window_stats(x: np.ndarray, f: np.ndarray, c: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+    integral = np.interp(ends, x, f) - np.interp(starts, x, f)
+    covered = np.interp(ends, x, c) - np.interp(starts, x, c)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(covered > 0, integral / np.where(covered > 0, covered, 1.0), np.nan)
+    return mean, covered / np.maximum(ends - starts, 1e-9)
+
+
+def mean_intensity_gco2_per_kwh(points: Sequence[ForecastPoint], start: datetime, end: datetime) -> float:
+    """Time-weighted mean intensity over ``[start, end)`` of the slots that cover it.
+
+    Raises ValueError when ``end <= start`` or no slot overlaps the interval.
+    """
+    start = require_utc("start", start)
+    end = require_utc("end", end)
+    if end <= start:
+        raise ValueError(f"end={end.isoformat()} is not allowed; it must be after start={start.isoformat()}")
+    if not points:
+        raise ValueError("points=[] is not allowed; give at least one slot overlapping the interval")
+    x, f, c = _cumulative(*_arrays(points))
+    mean, _ = _window_stats(x, f, c, np.array([start.timestamp()]), np.array([end.timestamp()]))
+    if not np.isfinite(mean[0]):
+        raise ValueError(
+            f"no slot overlaps {start.isoformat()} .. {end.isoformat()}; the series covers "
+            f"{datetime.fromtimestamp(x[0], UTC).isoformat()} .. {datetime.fromtimestamp(x[-1], UTC).isoformat()}"
+        )
+    return float(mean[0])
+
+
+def _sigma_abs(
+    forecast: Forecast, t1: np.ndarray, val: np.ndarray, error_model: LeadTimeErrorModel | None
+) -> np.ndarray:
+    """Absolute error standard deviation of each slot, from the forecast's own error table or the calibration."""
+    lead_h = np.maximum((t1 - forecast.issued_at.timestamp()) / 3600.0, 0.0)
+    if forecast.error_mae_by_lead_h and error_model is None:
+        bounds = np.array(sorted(forecast.error_mae_by_lead_h))
+        mae = np.array([forecast.error_mae_by_lead_h[b] for b in bounds])
+        idx = np.clip(np.searchsorted(bounds, lead_h, side="left"), 0, len(bounds) - 1)
+        return mae[idx] * _MAE_TO_SIGMA
+    model = error_model or default_error_model()
+    return model.sigma_rel(lead_h) * val
+
+
+def _fmt(when: datetime) -> str:
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%MZ")
+
+
+def _fallback(earliest: datetime, duration_s: float, reason: str, forecast: Forecast | None, run_now=None):
+    return WindowChoice(
+        start=earliest, end=earliest + timedelta(seconds=duration_s), expected_gco2_per_kwh=run_now,
+        run_now_gco2_per_kwh=run_now, reason=reason, fallback=True,
+        provider=forecast.provider if forecast else None, signal_kind=forecast.signal_kind if forecast else None,
+    )
+
+
+def _validate(duration_s: float, earliest: datetime, finish_by: datetime, step_s: float | None):
+    if not duration_s or duration_s <= 0 or not math.isfinite(duration_s):
+        raise ValueError(f"duration_s={duration_s!r} is not allowed; it must be a positive number of seconds")
+    if step_s is not None and (step_s <= 0 or not math.isfinite(step_s)):
+        raise ValueError(f"step_s={step_s!r} is not allowed; give a positive number of seconds or None")
+    return require_utc("earliest", earliest), require_utc("finish_by", finish_by)
+
+
+def choose_start(
+    forecast: Forecast | None,
+    duration_s: float,
+    earliest: datetime,
+    finish_by: datetime,
+    *,
+    robust: bool = True,
+    step_s: float | None = None,
+    risk_aversion: float = DEFAULT_RISK_AVERSION,
+    error_model: LeadTimeErrorModel | None = None,
+) -> WindowChoice:
+    """The contiguous start minimising expected emissions that still finishes by ``finish_by``.
+
+    Candidates are ``earliest``, the latest feasible start and every start where the run begins or ends on a
+    slot boundary (the optimum of a piecewise-constant series lies on one), or a grid of ``step_s`` from
+    ``earliest``. Ties go to the earliest start. ``robust`` adds ``risk_aversion`` standard deviations of the
+    forecast error of (candidate - run now), using the forecast's ``error_mae_by_lead_h`` when it has one and
+    the shipped calibration otherwise (``error_model`` overrides both).
+    """
+    earliest, finish_by = _validate(duration_s, earliest, finish_by, step_s)
+    latest = finish_by - timedelta(seconds=duration_s)
+    if forecast is None or not forecast.points:
+        why = "no forecast" if forecast is None else f"forecast from {forecast.provider} has no points"
+        return _fallback(earliest, duration_s, f"{why}: starting at once ({_fmt(earliest)})", forecast)
+    t0, t1, val = _arrays(forecast.points)
+    x, f, c = _cumulative(t0, t1, val)
+    e0, lat = earliest.timestamp(), latest.timestamp()
+    run_now_arr, now_cov = _window_stats(x, f, c, np.array([e0]), np.array([e0 + duration_s]))
+    run_now = float(run_now_arr[0]) if np.isfinite(run_now_arr[0]) else None
+    if lat < e0:
+        late_s = e0 - lat
+        return _fallback(
+            earliest, duration_s,
+            f"finish_by {_fmt(finish_by)} cannot be met (the job needs {duration_s / 3600:.2f} h): starting at "
+            f"once, {late_s / 3600:.2f} h late", forecast, run_now,
+        )
+    if step_s is None:
+        cand = np.concatenate([[e0, lat], t0, t1 - duration_s])
+    else:
+        cand = np.concatenate([e0 + step_s * np.arange(int((lat - e0) // step_s) + 1), [lat]])
+    cand = np.unique(cand[(cand >= e0) & (cand <= lat)])
+    mean, cov = _window_stats(x, f, c, cand, cand + duration_s)
+    ok = np.isfinite(mean) & (cov >= _COVERED)
+    if not ok.any():
+        return _fallback(
+            earliest, duration_s,
+            f"forecast from {forecast.provider} covers {_fmt(datetime.fromtimestamp(x[0], UTC))} .. "
+            f"{_fmt(datetime.fromtimestamp(x[-1], UTC))}, not a whole run between {_fmt(earliest)} and "
+            f"{_fmt(finish_by)}: starting at once", forecast, run_now,
+        )
+    cand, mean = cand[ok], mean[ok]
+    score = mean.copy()
+    if robust and risk_aversion > 0:
+        model = error_model or default_error_model()
+        sig = _sigma_abs(forecast, t1, val, error_model)
+        xs, fs, cs = _cumulative(t0, t1, sig)
+        sig_mean, _ = _window_stats(xs, fs, cs, cand, cand + duration_s)
+        ref = cand[0]
+        sig_ref = sig_mean[0]
+        rho = float(model.phi_per_h) ** (np.abs(cand - ref) / 3600.0)
+        var = sig_mean**2 + sig_ref**2 - 2.0 * rho * sig_mean * sig_ref
+        score = mean + risk_aversion * np.sqrt(np.maximum(var, 0.0))
+    best = int(np.flatnonzero(score <= score.min() + 1e-9)[0])
+    start = datetime.fromtimestamp(float(cand[best]), UTC)
+    expected = float(mean[best])
+    note = ""
+    if run_now is None or now_cov[0] < _COVERED:
+        note = " (the forecast does not cover a run started at once)"
+    if start == earliest:
+        reason = f"start at once ({_fmt(start)}): {expected:.0f} gCO2/kWh expected, no later start is better"
+        if robust and run_now is not None and float(mean.min()) < expected - 1e-9:
+            reason += (
+                f" by more than the forecast's uncertainty (best forecast {float(mean.min()):.0f} gCO2/kWh "
+                "is within its error)"
+            )
+    else:
+        wait_h = (start - earliest).total_seconds() / 3600.0
+        cut = f" ({(1 - expected / run_now) * 100:.0f} % lower)" if run_now else ""
+        reason = (
+            f"start {_fmt(start)} ({wait_h:.1f} h after {_fmt(earliest)}): {expected:.0f} gCO2/kWh expected vs "
+            f"{run_now:.0f} if run at once{cut}" if run_now is not None else
+            f"start {_fmt(start)} ({wait_h:.1f} h after {_fmt(earliest)}): {expected:.0f} gCO2/kWh expected"
+        )
+    reason += f"; forecast {forecast.provider}"
+    if forecast.replay:
+        reason += " (replayed data)"
+    if robust:
+        reason += ", robust to lead-time error"
+    return WindowChoice(
+        start=start, end=start + timedelta(seconds=duration_s), expected_gco2_per_kwh=expected,
+        run_now_gco2_per_kwh=run_now, reason=reason + note, fallback=False, robust=robust,
+        provider=forecast.provider, signal_kind=forecast.signal_kind,
+    )
+
+
+def choose_intervals(
+    forecast: Forecast | None,
+    duration_s: float,
+    earliest: datetime,
+    finish_by: datetime,
+    *,
+    robust: bool = True,
+    max_intervals: int | None = None,
+    risk_aversion: float = DEFAULT_RISK_AVERSION,
+    error_model: LeadTimeErrorModel | None = None,
+) -> IntervalChoice:
+    """For a checkpointable job: the lowest-intensity slots adding up to ``duration_s`` before ``finish_by``.
+
+    Slots are ranked by forecast intensity (plus the robust penalty of :func:`choose_start` per slot); ties go
+    to earlier slots; adjacent picks merge into one interval. With more than ``max_intervals`` intervals, or no
+    usable forecast, the job runs contiguously as :func:`choose_start` would, and the reason says so.
+    """
+    earliest, finish_by = _validate(duration_s, earliest, finish_by, None)
+
+    def contiguous(why: str) -> IntervalChoice:
+        one = choose_start(forecast, duration_s, earliest, finish_by, robust=robust, risk_aversion=risk_aversion,
+                           error_model=error_model)
+        return IntervalChoice(
+            intervals=[(one.start, one.end)], expected_gco2_per_kwh=one.expected_gco2_per_kwh,
+            run_now_gco2_per_kwh=one.run_now_gco2_per_kwh, reason=f"{why}; {one.reason}", fallback=one.fallback,
+            provider=one.provider,
+        )
+
+    if forecast is None or not forecast.points:
+        return contiguous("no forecast to split the job by")
+    e0, fb = earliest.timestamp(), finish_by.timestamp()
+    if fb - e0 < duration_s:
+        return contiguous("no slack to interrupt the job")
+    t0, t1, val = _arrays(forecast.points)
+    a, b = np.maximum(t0, e0), np.minimum(t1, fb)
+    keep = b > a
+    if (b[keep] - a[keep]).sum() < duration_s * _COVERED:
+        return contiguous("the forecast does not cover enough slots before finish_by")
+    a, b, v, tt1 = a[keep], b[keep], val[keep], t1[keep]
+    score = v.copy()
+    if robust and risk_aversion > 0:
+        model = error_model or default_error_model()
+        sig = _sigma_abs(forecast, tt1, v, error_model)
+        rho = float(model.phi_per_h) ** (np.abs(a - a[0]) / 3600.0)
+        score = v + risk_aversion * np.sqrt(np.maximum(sig**2 + sig[0] ** 2 - 2 * rho * sig * sig[0], 0.0))
+    order = np.lexsort((a, score))
+    need = float(duration_s)
+    picked: list[tuple[float, float, float]] = []
+    for i in order:
+        if need <= 1e-6:
+            break
+        take = min(b[i] - a[i], need)
+        picked.append((a[i], a[i] + take, v[i]))
+        need -= take
+    picked.sort()
+    merged: list[list[float]] = []
+    for s, e, _ in picked:
+        if merged and abs(merged[-1][1] - s) < 1e-6:
+            merged[-1][1] = e
+        else:
+            merged.append([s, e])
+    if max_intervals is not None and len(merged) > max_intervals:
+        return contiguous(f"the cheapest slots form {len(merged)} intervals, more than max_intervals={max_intervals}")
+    expected = sum((e - s) * val_ for s, e, val_ in picked) / duration_s
+    x, f, c = _cumulative(t0, t1, val)
+    now_mean, _ = _window_stats(x, f, c, np.array([e0]), np.array([e0 + duration_s]))
+    run_now = float(now_mean[0]) if np.isfinite(now_mean[0]) else None
+    intervals = [(datetime.fromtimestamp(s, UTC), datetime.fromtimestamp(e, UTC)) for s, e in merged]
+    reason = (
+        f"run in {len(intervals)} interval(s) from {_fmt(intervals[0][0])} to {_fmt(intervals[-1][1])}: "
+        f"{expected:.0f} gCO2/kWh expected"
+        + (f" vs {run_now:.0f} if run at once" if run_now is not None else "")
+        + f"; forecast {forecast.provider}" + (" (replayed data)" if forecast.replay else "")
+    )
+    return IntervalChoice(
+        intervals=intervals, expected_gco2_per_kwh=float(expected), run_now_gco2_per_kwh=run_now, reason=reason,
+        fallback=False, provider=forecast.provider,
+    )
