@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 
 from carbonflow.energy.device import Device
 from carbonflow.energy.errors import NvmlUnavailable
+from carbonflow.energy.zeusd import ZEUSD_SOCK_ENV, ZeusdClient
 from carbonflow.models import SimulatedGpuSpec
 
 logger = logging.getLogger(__name__)
@@ -21,6 +23,7 @@ def discover_devices(
     when a spec is given, else no GPU; plus the CPU device when ``include_cpu``.
 
     ``prefer_simulated`` replays the spec even where NVML works (benchmarks, demos on GPU hosts).
+    With ``ZEUSD_SOCK_PATH`` set, NVML GPUs change power limits through zeusd (no privilege needed here).
     Every device carries its label (measured / estimated / simulated).
     """
     from carbonflow.energy.cpu import CpuDevice
@@ -31,7 +34,10 @@ def discover_devices(
     gpus: list[Device] = []
     if not (prefer_simulated and simulated is not None):
         try:
-            gpus = list(nvml_devices(cuda_visible_devices))
+            zeusd = None
+            if os.environ.get(ZEUSD_SOCK_ENV):
+                zeusd = ZeusdClient(os.environ[ZEUSD_SOCK_ENV])
+            gpus = list(nvml_devices(cuda_visible_devices, zeusd=zeusd))
         except NvmlUnavailable as exc:
             logger.info("%s", exc)
     if not gpus and simulated is not None:

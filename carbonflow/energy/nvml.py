@@ -91,8 +91,10 @@ class NvmlGpu(Device):
     kind = "gpu"
     label = "measured"
 
-    def __init__(self, handle: Any, index: int, mig_instance_uuid: str | None = None) -> None:
+    def __init__(self, handle: Any, index: int, mig_instance_uuid: str | None = None, zeusd: Any = None) -> None:
         super().__init__()
+        self.zeusd = zeusd
+        """Optional :class:`~carbonflow.energy.zeusd.ZeusdClient`: limits are set through the node daemon."""
         self._nv = nvml_init()
         self._handle = handle
         self.index = index
@@ -203,7 +205,10 @@ class NvmlGpu(Device):
 
     def set_power_limit_w(self, limit_w: float) -> None:
         self.check_power_limit_w(limit_w)
-        self._limit_call("nvmlDeviceSetPowerManagementLimit", round(limit_w * 1000))
+        if self.zeusd is not None:
+            self.zeusd.set_power_limit_w([self.index], limit_w, block=True)
+        else:
+            self._limit_call("nvmlDeviceSetPowerManagementLimit", round(limit_w * 1000))
         now_w = self.power_limit_w()
         if abs(now_w - limit_w) > LIMIT_TOLERANCE_W:
             raise EnergyError(f"GPU {self.id}: set the power limit to {limit_w:g} W but it reads back {now_w:g} W")
@@ -213,12 +218,15 @@ def _parse_visible(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
-def nvml_devices(cuda_visible_devices: str | None = None, all_devices: bool = False) -> list[NvmlGpu]:
+def nvml_devices(
+    cuda_visible_devices: str | None = None, all_devices: bool = False, zeusd: Any = None
+) -> list[NvmlGpu]:
     """The GPUs this process may use, in CUDA order, honouring ``CUDA_VISIBLE_DEVICES``.
 
     ``cuda_visible_devices`` defaults to the environment variable. Like CUDA, enumeration stops at
     the first entry that names no device (a warning says so); an empty string means no GPU.
     ``all_devices`` ignores the variable (restoring limits after a crash must reach every GPU).
+    ``zeusd`` (a ZeusdClient) routes power-limit changes through the privileged node daemon.
     """
     nv = nvml_init()
     if all_devices:
@@ -229,7 +237,7 @@ def nvml_devices(cuda_visible_devices: str | None = None, all_devices: bool = Fa
     all_handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
     all_uuids = [_as_str(nv.nvmlDeviceGetUUID(h)) for h in all_handles]
     if all_devices or cuda_visible_devices is None:
-        return [NvmlGpu(h, i) for i, h in enumerate(all_handles)]
+        return [NvmlGpu(h, i, zeusd=zeusd) for i, h in enumerate(all_handles)]
     devices: list[NvmlGpu] = []
     seen: set[str] = set()
     for entry in _parse_visible(cuda_visible_devices):
@@ -264,5 +272,5 @@ def nvml_devices(cuda_visible_devices: str | None = None, all_devices: bool = Fa
             )
             continue
         seen.add(all_uuids[index])
-        devices.append(NvmlGpu(all_handles[index], index, mig_instance_uuid=mig_uuid))
+        devices.append(NvmlGpu(all_handles[index], index, mig_instance_uuid=mig_uuid, zeusd=zeusd))
     return devices
