@@ -162,7 +162,7 @@ def test_library_absent_real_pynvml_gives_clear_error(monkeypatch):
     from carbonflow.energy import nvml
 
     monkeypatch.setattr(nvml, "_initialised", False)
-    with pytest.raises(NvmlUnavailable, match="libnvidia-ml.so.1 is not installed"):
+    with pytest.raises(NvmlUnavailable, match=r"libnvidia-ml\.so\.1 is not installed"):
         nvml_init()
 
 

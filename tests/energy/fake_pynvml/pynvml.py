@@ -25,7 +25,7 @@ import json
 import os
 import time
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
@@ -67,7 +67,7 @@ _ERROR_STRINGS = {
 class NVMLError(Exception):
     """Like pynvml's: ``NVMLError(code)`` returns the matching ``NVMLError_<Name>`` subclass instance."""
 
-    _classes: dict[int, type] = {}
+    _classes: ClassVar[dict[int, type]] = {}
 
     def __new__(cls, value: int = NVML_ERROR_UNKNOWN):
         if cls is NVMLError:
@@ -103,7 +103,7 @@ _make_error_classes()
 _initialised = 0
 
 
-class c_nvmlDevice_t:  # noqa: N801 - mirrors the library's handle type name
+class c_nvmlDevice_t:
     """A device handle: index of a physical GPU, optionally one of its MIG instances."""
 
     def __init__(self, index: int, mig_uuid: str | None = None) -> None:
