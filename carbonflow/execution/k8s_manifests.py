@@ -1,0 +1,405 @@
+"""Kubernetes manifests for one carbonflow training run, built with the cncf-kubernetes provider.
+
+One container → the ``V1Pod`` that :class:`KubernetesPodOperator` would create; several containers → the
+provider's :class:`KubernetesJobOperator` ``V1Job`` with ``Indexed`` completion, one pod per rank, plus a
+headless ``Service`` so that every rank finds rank 0 (PyTorch ``env://`` rendezvous: ``MASTER_ADDR``,
+``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``).
+
+How job and plan reach the container (a deliberate choice): a ``ConfigMap`` holding ``job.json`` and
+``plan.json`` mounted read-only at ``/etc/carbonflow``. The wrapper keeps its file interface
+(``carbonflow run --job /etc/carbonflow/job.json --plan /etc/carbonflow/plan.json --result
+/dev/termination-log -- <command>``), every rank of a Job reads the same object, ``kubectl get configmap``
+shows what ran, and nothing depends on environment-variable size limits.
+
+Power limits: the training pod is not privileged. It mounts the host directory of the zeusd node agent
+(``deploy/k8s/zeusd-daemonset.yaml``) and gets ``ZEUSD_SOCK_PATH``; the wrapper asks zeusd to set and
+restore the power limit. Co-location: a plan with a co-location group requests the time-sliced GPU
+resource (``nvidia.com/gpu.shared`` by default, see ``deploy/k8s/nvidia-time-slicing.yaml``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from carbonflow.models import JobSpec, Plan
+
+LABEL_APP = "app.kubernetes.io/name"
+LABEL_JOB = "carbonflow.io/job"
+LABEL_RUN = "carbonflow.io/run"
+LABEL_CONFIG = "carbonflow.io/config"
+ANNOTATION_PLAN_START = "carbonflow.io/planned-start"
+ANNOTATION_REASON = "carbonflow.io/plan-reason"
+COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+CONTAINER_NAME = "base"  # the provider's base container name; results are read from it
+KUBERNETES_SCHEMA_VERSION = "1.37.0"
+_DNS_LABEL_RE = re.compile(r"[^a-z0-9-]+")
+
+
+class KubernetesSettings(BaseModel):
+    """Cluster-side choices for the Kubernetes backend (one object per cluster, not per job)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: str = Field(default="carbonflow", description="namespace of training pods, jobs and config maps")
+    image: str = Field(default="carbonflow:0.1.0", description="image with carbonflow installed; JobSpec.image wins")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    service_account_name: str | None = Field(default="carbonflow-training", description="see deploy/k8s/rbac.yaml")
+    gpu_resource: str = Field(default="nvidia.com/gpu", description="extended resource of a whole GPU")
+    shared_gpu_resource: str = Field(
+        default="nvidia.com/gpu.shared",
+        description="time-sliced GPU resource used for co-located jobs (NVIDIA device plugin renameByDefault)",
+    )
+    gpus_per_container: int = Field(default=1, ge=1, le=16)
+    cpu_request: str | None = "1"
+    memory_request: str | None = "2Gi"
+    memory_limit: str | None = None
+    node_selector: dict[str, str] = Field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    )
+    power_agent: Literal["zeusd", "none"] = Field(
+        default="zeusd", description="who sets power limits: the zeusd node agent, or nobody (limits not applied)"
+    )
+    zeusd_host_dir: str = Field(default="/var/run/zeusd", description="host directory holding zeusd's socket")
+    zeusd_socket_name: str = "zeusd.sock"
+    privileged: bool = Field(
+        default=False, description="run the training container privileged (opt-in; zeusd makes it unnecessary)"
+    )
+    config_mount_path: str = "/etc/carbonflow"
+    result_path: str = Field(default="/dev/termination-log", description="where the wrapper writes RunResult JSON")
+    master_port: int = Field(default=29500, ge=1, le=65535)
+    backoff_limit: int = Field(default=0, ge=0, description="Job retries; 0: a failed rank fails the run")
+    active_deadline_s: int | None = Field(default=None, gt=0)
+    ttl_seconds_after_finished: int | None = Field(default=3600, ge=0)
+    extra_env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", v):
+            raise ValueError(f"namespace={v!r} is not allowed; use a DNS-1123 label (lowercase letters, digits, '-')")
+        return v
+
+    @property
+    def zeusd_mount_path(self) -> str:
+        """Where the zeusd socket directory appears inside the training container (same path as the host)."""
+        return self.zeusd_host_dir
+
+    @property
+    def zeusd_socket_path(self) -> str:
+        return f"{self.zeusd_mount_path.rstrip('/')}/{self.zeusd_socket_name}"
+
+
+@dataclass
+class KubernetesManifests:
+    """Everything one run creates, as kubernetes client objects, in creation order."""
+
+    name: str
+    namespace: str
+    config_map: Any
+    pod: Any | None = None
+    job: Any | None = None
+    service: Any | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return "Job" if self.job is not None else "Pod"
+
+    def objects(self) -> list[Any]:
+        """The objects in the order they must be created."""
+        return [o for o in (self.config_map, self.service, self.job, self.pod) if o is not None]
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """The objects as the camelCase JSON the API server receives."""
+        from kubernetes.client import ApiClient
+
+        client = ApiClient()
+        return [client.sanitize_for_serialization(o) for o in self.objects()]
+
+
+def dns_name(*parts: str, max_length: int = 52) -> str:
+    """A DNS-1123 label from ``parts`` (lowercased, '_'/'.' → '-'), at most ``max_length`` characters."""
+    raw = "-".join(p for p in parts if p)
+    name = _DNS_LABEL_RE.sub("-", raw.lower()).strip("-")
+    name = re.sub("-{2,}", "-", name)[:max_length].strip("-")
+    if not name:
+        raise ValueError(f"cannot make a Kubernetes name from {parts!r}")
+    return name
+
+
+def run_name(spec: JobSpec, unique: str | None = None) -> str:
+    """``cf-<job>-<8 hex>``: short enough for the provider's ``job-`` prefix and index suffixes."""
+    suffix = unique or uuid.uuid4().hex[:8]
+    return dns_name("cf", spec.name[:36], suffix, max_length=48)
+
+
+def training_command(spec: JobSpec) -> list[str]:
+    """The command the wrapper runs: the job's own command, or the built-in workload module."""
+    if spec.command:
+        return list(spec.command)
+    if spec.workload:
+        return ["python", "-m", f"carbonflow.workloads.{spec.workload}"]
+    # An image-only job: the image's own entrypoint is unknown to Kubernetes once we override it.
+    raise ValueError(
+        f"job {spec.name!r}: command=None and workload=None; the Kubernetes backend needs a command to pass to "
+        "`carbonflow run -- <command>` (set JobSpec.command to the image's training command)"
+    )
+
+
+def wrapper_arguments(spec: JobSpec, settings: KubernetesSettings) -> list[str]:
+    """``run --job ... --plan ... --result ... -- <command>`` (the container command is ``carbonflow``)."""
+    mount = settings.config_mount_path.rstrip("/")
+    return [
+        "run",
+        "--job",
+        f"{mount}/job.json",
+        "--plan",
+        f"{mount}/plan.json",
+        "--result",
+        settings.result_path,
+        "--",
+        *training_command(spec),
+    ]
+
+
+def uses_gpu(spec: JobSpec) -> bool:
+    """A real GPU is requested only for GPU jobs that are not a simulated-GPU replay."""
+    return spec.device_kind == "gpu" and spec.simulated_gpu is None
+
+
+def gpu_resource_name(plan: Plan, settings: KubernetesSettings) -> str:
+    """Co-located runs ask for the time-sliced resource; the others for whole GPUs."""
+    return settings.shared_gpu_resource if plan.config.colocation_group else settings.gpu_resource
+
+
+def _offline_kubeconfig() -> str:
+    """A kubeconfig naming an unreachable server: lets the provider build objects without a cluster."""
+    path = Path(tempfile.gettempdir()) / "carbonflow-offline-kubeconfig.yaml"
+    if not path.exists():
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "offline", "cluster": {"server": "https://offline.invalid"}}],
+                    "users": [{"name": "offline", "user": {}}],
+                    "contexts": [{"name": "offline", "context": {"cluster": "offline", "user": "offline"}}],
+                    "current-context": "offline",
+                }
+            )
+        )
+    return str(path)
+
+
+class ManifestBuilder:
+    """Builds the pod/job/service/config map of one run with the cncf-kubernetes provider's operators."""
+
+    def __init__(
+        self,
+        settings: KubernetesSettings | None = None,
+        *,
+        config_file: str | None = None,
+        cluster_context: str | None = None,
+    ) -> None:
+        self.settings = settings or KubernetesSettings()
+        self.config_file = config_file
+        self.cluster_context = cluster_context
+
+    def build(self, spec: JobSpec, plan: Plan, *, name: str | None = None) -> KubernetesManifests:
+        """All objects for ``plan``: a Pod for one container, an Indexed Job + headless Service for more."""
+        if plan.job != spec.name:
+            raise ValueError(f"plan.job={plan.job!r} does not match spec.name={spec.name!r}; they must be equal")
+        containers = plan.config.containers
+        if not spec.min_containers <= containers <= spec.max_containers:
+            raise ValueError(
+                f"plan.config.containers={containers} is outside the job's range "
+                f"[{spec.min_containers}, {spec.max_containers}]"
+            )
+        name = name or run_name(spec)
+        labels = {
+            LABEL_APP: "carbonflow",
+            LABEL_JOB: dns_name(spec.name, max_length=63),
+            LABEL_RUN: name,
+            LABEL_CONFIG: dns_name(plan.config.key(), max_length=63),
+        }
+        manifests = KubernetesManifests(
+            name=name,
+            namespace=self.settings.namespace,
+            config_map=self._config_map(spec, plan, name, labels),
+            labels=labels,
+        )
+        if containers == 1:
+            manifests.pod = self._pod_operator(spec, plan, name, labels).build_pod_request_obj(dry_run=True)
+        else:
+            manifests.service = self._headless_service(name, labels)
+            manifests.job = self._job_operator(spec, plan, name, labels).build_job_request_obj()
+        return manifests
+
+    # -- pieces -------------------------------------------------------------------------------------------------
+
+    def _config_map(self, spec: JobSpec, plan: Plan, name: str, labels: dict[str, str]) -> Any:
+        from kubernetes.client import models as k8s
+
+        return k8s.V1ConfigMap(
+            api_version="v1",
+            kind="ConfigMap",
+            metadata=k8s.V1ObjectMeta(name=name, namespace=self.settings.namespace, labels=dict(labels)),
+            data={"job.json": spec.model_dump_json(), "plan.json": plan.model_dump_json()},
+        )
+
+    def _headless_service(self, name: str, labels: dict[str, str]) -> Any:
+        from kubernetes.client import models as k8s
+
+        return k8s.V1Service(
+            api_version="v1",
+            kind="Service",
+            metadata=k8s.V1ObjectMeta(name=name, namespace=self.settings.namespace, labels=dict(labels)),
+            spec=k8s.V1ServiceSpec(
+                cluster_ip="None",
+                publish_not_ready_addresses=True,
+                selector={LABEL_RUN: name},
+                ports=[k8s.V1ServicePort(name="rendezvous", port=self.settings.master_port, protocol="TCP")],
+            ),
+        )
+
+    def _common_kwargs(self, spec: JobSpec, plan: Plan, name: str, labels: dict[str, str]) -> dict[str, Any]:
+        from kubernetes.client import models as k8s
+
+        s = self.settings
+        env = {
+            "CARBONFLOW_JOB_FILE": f"{s.config_mount_path.rstrip('/')}/job.json",
+            "CARBONFLOW_PLAN_FILE": f"{s.config_mount_path.rstrip('/')}/plan.json",
+            "CARBONFLOW_RESULT_FILE": s.result_path,
+            "CARBONFLOW_BACKEND": "kubernetes",
+            "CARBONFLOW_POWER_AGENT": s.power_agent,
+            **s.extra_env,
+            **spec.env,
+        }
+        volumes = [
+            k8s.V1Volume(name="carbonflow-config", config_map=k8s.V1ConfigMapVolumeSource(name=name)),
+        ]
+        mounts = [k8s.V1VolumeMount(name="carbonflow-config", mount_path=s.config_mount_path, read_only=True)]
+        requests: dict[str, str] = {}
+        limits: dict[str, str] = {}
+        if s.cpu_request:
+            requests["cpu"] = s.cpu_request
+        if s.memory_request:
+            requests["memory"] = s.memory_request
+        if s.memory_limit:
+            limits["memory"] = s.memory_limit
+        node_selector: dict[str, str] | None = None
+        tolerations: list[Any] | None = None
+        if uses_gpu(spec):
+            resource = gpu_resource_name(plan, s)
+            # Extended resources: requests must equal limits.
+            requests[resource] = limits[resource] = str(s.gpus_per_container)
+            node_selector = dict(s.node_selector) or None
+            tolerations = [k8s.V1Toleration(**_snake(t)) for t in s.tolerations] or None
+            if s.power_agent == "zeusd":
+                env["ZEUSD_SOCK_PATH"] = s.zeusd_socket_path
+                volumes.append(
+                    k8s.V1Volume(
+                        name="zeusd-socket",
+                        host_path=k8s.V1HostPathVolumeSource(path=s.zeusd_host_dir, type="Directory"),
+                    )
+                )
+                mounts.append(k8s.V1VolumeMount(name="zeusd-socket", mount_path=s.zeusd_mount_path))
+        security = k8s.V1SecurityContext(
+            privileged=s.privileged,
+            allow_privilege_escalation=s.privileged,
+        )
+        annotations = {ANNOTATION_PLAN_START: plan.start.isoformat(), ANNOTATION_REASON: plan.reason[:250]}
+        return {
+            "name": name,
+            "namespace": s.namespace,
+            "image": spec.image or s.image,
+            "image_pull_policy": s.image_pull_policy,
+            "cmds": ["carbonflow"],
+            "arguments": wrapper_arguments(spec, s),
+            "env_vars": [k8s.V1EnvVar(name=k, value=v) for k, v in env.items()],
+            "labels": dict(labels),
+            "annotations": annotations,
+            "container_resources": k8s.V1ResourceRequirements(requests=requests or None, limits=limits or None),
+            "node_selector": node_selector,
+            "tolerations": tolerations,
+            "volumes": volumes,
+            "volume_mounts": mounts,
+            "service_account_name": s.service_account_name,
+            "container_security_context": security,
+            "termination_message_policy": "FallbackToLogsOnError",
+            "active_deadline_seconds": s.active_deadline_s,
+            "random_name_suffix": False,
+            "do_xcom_push": False,
+            "in_cluster": False,
+            "config_file": self.config_file or _offline_kubeconfig(),
+            "cluster_context": self.cluster_context,
+        }
+
+    def _pod_operator(self, spec: JobSpec, plan: Plan, name: str, labels: dict[str, str]) -> Any:
+        from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+        return KubernetesPodOperator(
+            task_id=f"carbonflow_{name.replace('-', '_')}", **self._common_kwargs(spec, plan, name, labels)
+        )
+
+    def _job_operator(self, spec: JobSpec, plan: Plan, name: str, labels: dict[str, str]) -> Any:
+        from airflow.providers.cncf.kubernetes.operators.job import JOB_NAME_PREFIX, KubernetesJobOperator
+        from kubernetes.client import models as k8s
+
+        world_size = plan.config.containers
+        kwargs = self._common_kwargs(spec, plan, name, labels)
+        job_name = f"{JOB_NAME_PREFIX}{name}"
+        kwargs["env_vars"] = [
+            *kwargs["env_vars"],
+            k8s.V1EnvVar(name="WORLD_SIZE", value=str(world_size)),
+            # Indexed Job pods are named <job>-<index> and, with subdomain=<service>, resolve as such.
+            k8s.V1EnvVar(name="MASTER_ADDR", value=f"{job_name}-0.{name}.{self.settings.namespace}.svc"),
+            k8s.V1EnvVar(name="MASTER_PORT", value=str(self.settings.master_port)),
+            k8s.V1EnvVar(
+                name="RANK",
+                value_from=k8s.V1EnvVarSource(
+                    field_ref=k8s.V1ObjectFieldSelector(
+                        field_path=f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"
+                    )
+                ),
+            ),
+            k8s.V1EnvVar(name="LOCAL_RANK", value="0"),
+            k8s.V1EnvVar(name="LOCAL_WORLD_SIZE", value="1"),
+        ]
+        kwargs["subdomain"] = name
+        kwargs["ports"] = [k8s.V1ContainerPort(name="rendezvous", container_port=self.settings.master_port)]
+        return KubernetesJobOperator(
+            task_id=f"carbonflow_{name.replace('-', '_')}",
+            completion_mode="Indexed",
+            completions=world_size,
+            parallelism=world_size,
+            backoff_limit=self.settings.backoff_limit,
+            ttl_seconds_after_finished=self.settings.ttl_seconds_after_finished,
+            **kwargs,
+        )
+
+
+def _snake(mapping: dict[str, Any]) -> dict[str, Any]:
+    """camelCase keys (as written in YAML) → the kubernetes client's snake_case keyword arguments."""
+    return {re.sub(r"(?<!^)(?=[A-Z])", "_", k).lower(): v for k, v in mapping.items()}
+
+
+def validate_manifest(obj: Any, *, version: str = KUBERNETES_SCHEMA_VERSION, strict: bool = True) -> None:
+    """Validate one object (client model or camelCase dict) against the Kubernetes schema, offline.
+
+    Raises ``kubernetes_validate.ValidationError`` naming the field at fault.
+    """
+    import kubernetes_validate
+    from kubernetes.client import ApiClient
+
+    data = obj if isinstance(obj, dict) else ApiClient().sanitize_for_serialization(obj)
+    kubernetes_validate.validate(data, version, strict=strict)

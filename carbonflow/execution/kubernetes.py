@@ -1,0 +1,402 @@
+"""Kubernetes execution backend: the same ``Plan`` in, the same ``RunResult`` out, on a cluster.
+
+``KubernetesBackend(settings).run(spec, plan)``:
+
+1. builds the objects with :class:`~carbonflow.execution.k8s_manifests.ManifestBuilder` (the cncf-kubernetes
+   provider's pod / job operators) and validates them offline against the Kubernetes schema;
+2. creates the ConfigMap (job.json, plan.json), then the Pod — or the headless Service and Indexed Job;
+3. polls until the pod (every rank) terminated, failing fast on image-pull / config errors;
+4. reads each rank's ``RunResult`` from its termination message (``carbonflow run --result
+   /dev/termination-log``), falling back to the last JSON line of the pod log, and merges the ranks;
+5. deletes everything it created, whatever happened (``finally``), with a grace period so that the
+   wrapper's SIGTERM handler restores power limits through zeusd.
+
+Only the kubernetes python client talks to the cluster; the API calls used are: create/read/delete
+namespaced config map, pod, service and job, list namespaced pod (label selector), read pod log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from carbonflow.execution.k8s_manifests import (
+    COMPLETION_INDEX_ANNOTATION,
+    CONTAINER_NAME,
+    LABEL_RUN,
+    KubernetesManifests,
+    KubernetesSettings,
+    ManifestBuilder,
+    validate_manifest,
+)
+from carbonflow.models import JobSpec, Plan, RunResult
+
+log = logging.getLogger(__name__)
+
+RESULT_LINE_PREFIX = "CARBONFLOW_RESULT "
+"""A log line ``CARBONFLOW_RESULT {json}`` (or a bare RunResult JSON line) is read when the termination
+message is missing or truncated (Kubernetes keeps at most 4096 bytes of it)."""
+
+FATAL_WAITING_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError"}
+)
+
+
+class KubernetesRunError(RuntimeError):
+    """A run that did not produce a result: names the object, its phase/reason and the log tail."""
+
+
+def parse_result_text(text: str | None) -> RunResult | None:
+    """A ``RunResult`` from a termination message or a log: the whole text, else its last result line."""
+    if not text:
+        return None
+    stripped = text.strip()
+    try:
+        return RunResult.model_validate_json(stripped)
+    except ValidationError:
+        pass
+    for line in reversed(stripped.splitlines()):
+        line = line.strip()
+        if line.startswith(RESULT_LINE_PREFIX):
+            line = line[len(RESULT_LINE_PREFIX) :]
+        if not line.startswith("{"):
+            continue
+        try:
+            return RunResult.model_validate_json(line)
+        except ValidationError:
+            continue
+    return None
+
+
+def merge_rank_results(results: list[RunResult]) -> RunResult:
+    """One ``RunResult`` for a multi-container run: energy and samples summed over ranks, metrics of rank 0.
+
+    ``results`` are ordered by rank. Device ids get a ``rank<i>/`` prefix so that two nodes' GPU 0 differ.
+    """
+    if not results:
+        raise ValueError("results=[] is not allowed; give at least one rank's RunResult")
+    if len(results) == 1:
+        return results[0]
+    first = results[0]
+    started = min(r.started_at for r in results)
+    ended = max(r.ended_at for r in results)
+    duration_s = (ended - started).total_seconds()
+    devices = []
+    for rank, result in enumerate(results):
+        for device in result.devices:
+            devices.append(device.model_copy(update={"device_id": f"rank{rank}/{device.device_id}"}))
+    energy_total_j = sum(r.energy_total_j for r in results)
+    emissions_g = sum(r.emissions_g for r in results)
+    intensity = (
+        sum(r.carbon_intensity_mean_gco2_per_kwh * r.energy_total_j for r in results) / energy_total_j
+        if energy_total_j > 0
+        else first.carbon_intensity_mean_gco2_per_kwh
+    )
+    samples = sum(r.samples for r in results)
+    labels = sorted({label for r in results for label in r.energy_labels})
+    notes = list(dict.fromkeys(n for r in results for n in r.notes))
+    notes.append(f"merged from {len(results)} ranks (Kubernetes Indexed Job)")
+    counterfactual = [r.emissions_run_now_default_g for r in results]
+    run_now_g = sum(counterfactual) if all(c is not None for c in counterfactual) else None  # type: ignore[misc]
+    saving_g = run_now_g - emissions_g if run_now_g is not None else None
+    return RunResult(
+        job=first.job,
+        config=first.config,
+        started_at=started,
+        ended_at=ended,
+        duration_s=duration_s,
+        devices=devices,
+        energy_gpu_j=sum(r.energy_gpu_j for r in results),
+        energy_cpu_j=sum(r.energy_cpu_j for r in results),
+        energy_total_j=energy_total_j,
+        energy_labels=labels,
+        emissions_g=emissions_g,
+        carbon_intensity_mean_gco2_per_kwh=intensity,
+        samples=samples,
+        throughput_samples_per_s=samples / duration_s if duration_s > 0 else 0.0,
+        metrics=dict(first.metrics),
+        exit_code=next((r.exit_code for r in results if r.exit_code != 0), 0),
+        power_limit_applied=all(r.power_limit_applied for r in results),
+        notes=notes,
+        emissions_run_now_default_g=run_now_g,
+        saving_g=saving_g,
+        saving_fraction=(saving_g / run_now_g) if saving_g is not None and run_now_g else None,
+        artifacts=dict(first.artifacts),
+    )
+
+
+def load_api_client(*, config_file: str | None = None, context: str | None = None, in_cluster: bool = False) -> Any:
+    """A kubernetes ``ApiClient`` from a kubeconfig file (or the in-cluster service account)."""
+    from kubernetes import client, config
+
+    if in_cluster:
+        configuration = client.Configuration()
+        config.load_incluster_config(client_configuration=configuration)
+        return client.ApiClient(configuration)
+    return config.new_client_from_config(config_file=config_file, context=context)
+
+
+class KubernetesBackend:
+    """Runs a plan as a Pod (one container) or an Indexed Job (several) and returns its ``RunResult``."""
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        settings: KubernetesSettings | None = None,
+        *,
+        config_file: str | None = None,
+        context: str | None = None,
+        in_cluster: bool = False,
+        api_client: Any | None = None,
+        poll_interval_s: float = 5.0,
+        startup_timeout_s: float = 900.0,
+        run_timeout_s: float | None = None,
+        delete_grace_period_s: int = 60,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if poll_interval_s <= 0:
+            raise ValueError(f"poll_interval_s={poll_interval_s} is not allowed; it must be > 0")
+        self.settings = settings or KubernetesSettings()
+        self.config_file = config_file
+        self.context = context
+        self._api_client = api_client or load_api_client(
+            config_file=config_file, context=context, in_cluster=in_cluster
+        )
+        self.poll_interval_s = poll_interval_s
+        self.startup_timeout_s = startup_timeout_s
+        self.run_timeout_s = run_timeout_s
+        self.delete_grace_period_s = delete_grace_period_s
+        self._clock = clock
+        self._stop = threading.Event()
+        self._current: KubernetesManifests | None = None
+        self.builder = ManifestBuilder(self.settings, config_file=config_file, cluster_context=context)
+
+    # -- public ---------------------------------------------------------------------------------------------------
+
+    def build(self, spec: JobSpec, plan: Plan) -> KubernetesManifests:
+        """The validated objects ``run`` would create (a dry run: nothing is sent to the cluster)."""
+        manifests = self.builder.build(spec, plan)
+        for obj in manifests.to_dicts():
+            validate_manifest(obj)
+        return manifests
+
+    def run(self, spec: JobSpec, plan: Plan) -> RunResult:
+        """Launch, wait, read the result, delete. Raises :class:`KubernetesRunError` when no result came back."""
+        manifests = self.build(spec, plan)
+        self._current = manifests
+        self._stop.clear()
+        created: list[tuple[str, str]] = []
+        try:
+            self._create(manifests, created)
+            if manifests.job is not None:
+                pods = self._wait_job(manifests)
+            else:
+                pods = [self._wait_pod(manifests.namespace, manifests.pod.metadata.name)]
+            return self._collect(manifests, pods)
+        finally:
+            self._delete(manifests, created)
+            self._current = None
+
+    def stop(self) -> None:
+        """Stop the current run (Airflow ``on_kill``): delete its pods with a grace period for the wrapper."""
+        self._stop.set()
+        manifests = self._current
+        if manifests is not None:
+            kinds = [("Job", manifests.job.metadata.name)] if manifests.job is not None else []
+            if manifests.pod is not None:
+                kinds.append(("Pod", manifests.pod.metadata.name))
+            self._delete(manifests, kinds)
+
+    # -- API calls ------------------------------------------------------------------------------------------------
+
+    @property
+    def core(self) -> Any:
+        from kubernetes import client
+
+        return client.CoreV1Api(self._api_client)
+
+    @property
+    def batch(self) -> Any:
+        from kubernetes import client
+
+        return client.BatchV1Api(self._api_client)
+
+    def _create(self, manifests: KubernetesManifests, created: list[tuple[str, str]]) -> None:
+        ns = manifests.namespace
+        self.core.create_namespaced_config_map(ns, manifests.config_map)
+        created.append(("ConfigMap", manifests.config_map.metadata.name))
+        if manifests.service is not None:
+            self.core.create_namespaced_service(ns, manifests.service)
+            created.append(("Service", manifests.service.metadata.name))
+        if manifests.job is not None:
+            self.batch.create_namespaced_job(ns, manifests.job)
+            created.append(("Job", manifests.job.metadata.name))
+            log.info("created Job %s/%s (%s ranks)", ns, manifests.job.metadata.name, manifests.job.spec.completions)
+        if manifests.pod is not None:
+            self.core.create_namespaced_pod(ns, manifests.pod)
+            created.append(("Pod", manifests.pod.metadata.name))
+            log.info("created Pod %s/%s", ns, manifests.pod.metadata.name)
+
+    def _delete(self, manifests: KubernetesManifests, created: list[tuple[str, str]]) -> None:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        ns = manifests.namespace
+        body = client.V1DeleteOptions(grace_period_seconds=self.delete_grace_period_s, propagation_policy="Foreground")
+        calls = {
+            "Pod": self.core.delete_namespaced_pod,
+            "Job": self.batch.delete_namespaced_job,
+            "Service": self.core.delete_namespaced_service,
+            "ConfigMap": self.core.delete_namespaced_config_map,
+        }
+        for kind, name in reversed(created):
+            try:
+                calls[kind](name, ns, body=body)
+            except ApiException as exc:
+                if exc.status != 404:
+                    log.warning("could not delete %s %s/%s: %s", kind, ns, name, exc.reason)
+
+    def _deadline_check(self, started: float, phase: str | None, what: str) -> None:
+        elapsed = self._clock() - started
+        if self._stop.is_set():
+            raise KubernetesRunError(f"{what}: stopped (on_kill) after {elapsed:.0f} s")
+        if phase in (None, "Pending") and elapsed > self.startup_timeout_s:
+            raise KubernetesRunError(
+                f"{what} still {phase or 'not scheduled'} after {elapsed:.0f} s (startup_timeout_s="
+                f"{self.startup_timeout_s:g}); check GPU capacity, node selector and tolerations"
+            )
+        if self.run_timeout_s is not None and elapsed > self.run_timeout_s:
+            raise KubernetesRunError(f"{what} exceeded run_timeout_s={self.run_timeout_s:g}")
+
+    def _fatal_waiting(self, pod: Any) -> str | None:
+        for status in (pod.status.container_statuses or []) if pod.status else []:
+            waiting = status.state.waiting if status.state else None
+            if waiting is not None and waiting.reason in FATAL_WAITING_REASONS:
+                return f"{waiting.reason}: {waiting.message or ''}".strip()
+        return None
+
+    def _read_or_gone(self, read: Callable[..., Any], kind: str, name: str, namespace: str) -> Any:
+        """Read an object; a 404 means it was deleted under us (``stop()``, eviction, a user's kubectl)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return read(name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            why = "stopped (on_kill)" if self._stop.is_set() else "deleted while running (evicted or removed)"
+            raise KubernetesRunError(f"{kind} {namespace}/{name}: {why}") from None
+
+    def _wait_pod(self, namespace: str, name: str) -> Any:
+        started = self._clock()
+        while True:
+            pod = self._read_or_gone(self.core.read_namespaced_pod, "Pod", name, namespace)
+            phase = pod.status.phase if pod.status else None
+            if phase in ("Succeeded", "Failed"):
+                return pod
+            fatal = self._fatal_waiting(pod)
+            if fatal:
+                raise KubernetesRunError(f"Pod {namespace}/{name} cannot start: {fatal}")
+            self._deadline_check(started, phase, f"Pod {namespace}/{name}")
+            self._stop.wait(self.poll_interval_s)
+
+    def _wait_job(self, manifests: KubernetesManifests) -> list[Any]:
+        ns, name = manifests.namespace, manifests.job.metadata.name
+        completions = manifests.job.spec.completions
+        started = self._clock()
+        while True:
+            job = self._read_or_gone(self.batch.read_namespaced_job, "Job", name, ns)
+            status = job.status
+            conditions = {c.type: c.status for c in (status.conditions or [])} if status else {}
+            pods = self.core.list_namespaced_pod(ns, label_selector=f"{LABEL_RUN}={manifests.name}").items
+            done = (status and (status.succeeded or 0) >= completions) or conditions.get("Complete") == "True"
+            failed = conditions.get("Failed") == "True"
+            if done or failed:
+                return self._by_rank(pods)
+            for pod in pods:
+                fatal = self._fatal_waiting(pod)
+                if fatal:
+                    raise KubernetesRunError(f"Job {ns}/{name}: pod {pod.metadata.name} cannot start: {fatal}")
+            phase = (
+                "Running"
+                if status and (status.active or 0) > 0 and any(p.status and p.status.phase == "Running" for p in pods)
+                else "Pending"
+            )
+            self._deadline_check(started, phase, f"Job {ns}/{name}")
+            self._stop.wait(self.poll_interval_s)
+
+    @staticmethod
+    def _by_rank(pods: list[Any]) -> list[Any]:
+        def rank(pod: Any) -> int:
+            annotations = pod.metadata.annotations or {}
+            return int(annotations.get(COMPLETION_INDEX_ANNOTATION, "0"))
+
+        latest: dict[int, Any] = {}
+        for pod in pods:  # a retried rank has several pods; keep the one that terminated last
+            r = rank(pod)
+            if r not in latest or (pod.metadata.creation_timestamp or datetime.min.replace(tzinfo=UTC)) >= (
+                latest[r].metadata.creation_timestamp or datetime.min.replace(tzinfo=UTC)
+            ):
+                latest[r] = pod
+        return [latest[r] for r in sorted(latest)]
+
+    def _termination(self, pod: Any) -> Any | None:
+        for status in (pod.status.container_statuses or []) if pod.status else []:
+            if status.name == CONTAINER_NAME and status.state and status.state.terminated:
+                return status.state.terminated
+        return None
+
+    def _log_tail(self, pod: Any, lines: int = 200) -> str:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            # _preload_content=False: the client would otherwise return str(bytes) for some responses.
+            response = self.core.read_namespaced_pod_log(
+                pod.metadata.name,
+                pod.metadata.namespace,
+                container=CONTAINER_NAME,
+                tail_lines=lines,
+                _preload_content=False,
+            )
+            return response.data.decode("utf-8", errors="replace")
+        except ApiException as exc:
+            return f"(log unavailable: {exc.status} {exc.reason})"
+
+    def _collect(self, manifests: KubernetesManifests, pods: list[Any]) -> RunResult:
+        if not pods:
+            raise KubernetesRunError(f"{manifests.kind} {manifests.namespace}/{manifests.name}: no pod ran")
+        results: list[RunResult] = []
+        for pod in pods:
+            terminated = self._termination(pod)
+            result = parse_result_text(terminated.message if terminated else None)
+            log_text = None
+            if result is None:
+                log_text = self._log_tail(pod)
+                result = parse_result_text(log_text)
+            if result is None:
+                exit_code = terminated.exit_code if terminated else None
+                reason = terminated.reason if terminated else (pod.status.reason if pod.status else None)
+                tail = "\n".join((log_text or "").splitlines()[-20:])
+                raise KubernetesRunError(
+                    f"Pod {pod.metadata.namespace}/{pod.metadata.name} ended phase={pod.status.phase} "
+                    f"exit_code={exit_code} reason={reason} without a RunResult; last log lines:\n{tail}"
+                )
+            if terminated is not None and terminated.exit_code and result.exit_code == 0:
+                result = result.model_copy(update={"exit_code": terminated.exit_code})
+            results.append(result)
+        merged = merge_rank_results(results)
+        note = f"ran on Kubernetes as {manifests.kind} {manifests.namespace}/{manifests.name}"
+        return merged.model_copy(update={"notes": [*merged.notes, note]})
+
+
+def manifests_as_json(manifests: KubernetesManifests) -> str:
+    """The objects as a JSON list (``kubectl apply -f`` accepts it wrapped in a List)."""
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests.to_dicts()}, indent=2, default=str)
