@@ -125,11 +125,13 @@ def training_record(
         schema.P_FINISH_BY: _iso(plan.finish_by),
         schema.P_REGION: plan.region,
         schema.P_FORECAST_PROVIDER: plan.forecast_provider,
-        schema.P_SIGNAL_KIND: plan.signal_kind,
+        schema.P_SIGNAL_KIND: plan.signal_kind or "none",
         schema.P_OBJECTIVE: plan.objective,
         schema.P_COLOCATED_JOBS: ",".join(sorted(plan.colocated_with)) or "none",
         schema.P_PLAN_REASON: plan.reason[:_REASON_MAX],
         schema.P_REPLANS: str(plan.replans),
+        schema.P_EPOCHS: str(spec.epochs) if spec.epochs is not None else "none",
+        schema.P_STEPS: str(spec.steps) if spec.steps is not None else "none",
     }
 
     accuracy = result.metrics.get(schema.M_TEST_ACCURACY)
@@ -166,6 +168,10 @@ def training_record(
             description=f"{config.key()}: {result.energy_total_j:.0f} J, {result.emissions_g:.3g} g CO2e",
         )
 
+    if spec.target_metric is not None and spec.target_value is not None and spec.target_metric in result.metrics:
+        tags_extra = {schema.T_REACHED_TARGET: str(result.metrics[spec.target_metric] >= spec.target_value).lower()}
+    else:
+        tags_extra = {}
     replay = plan.replay or (forecast is not None and forecast.replay)
     tags = {
         schema.T_JOB: spec.name,
@@ -181,6 +187,7 @@ def training_record(
         schema.T_MODEL_REGISTERED: "true" if register is not None else "false",
         schema.T_MODEL_REGISTRY_NOTE: registry_note,
         schema.T_NOTE: "\n".join([f"Plan: {plan.reason}", *result.notes, *(forecast.notes if forecast else [])]),
+        **tags_extra,
     }
 
     workdir.mkdir(parents=True, exist_ok=True)

@@ -63,6 +63,8 @@ P_OBJECTIVE = "objective"
 P_COLOCATED_JOBS = "colocated_jobs"
 P_PLAN_REASON = "plan_reason"
 P_REPLANS = "replans"
+P_EPOCHS = "epochs"
+P_STEPS = "steps"
 P_DEVICE_KIND = "device_kind"
 P_PROFILE_CONFIGURATIONS = "profile_configurations"
 P_DEFAULT_POWER_LIMIT_W = "default_power_limit_w"
@@ -86,6 +88,7 @@ T_SPOOLED = "carbonflow.spooled"
 T_POWER_LIMIT_APPLIED = "carbonflow.power_limit_applied"
 T_MODEL_REGISTERED = "carbonflow.model_registered"
 T_MODEL_REGISTRY_NOTE = "carbonflow.model_registry_note"
+T_REACHED_TARGET = "carbonflow.reached_target"
 T_NOTE = "mlflow.note.content"  # MLflow's run description: plan reason + run notes
 T_PARENT_RUN_ID = "mlflow.parentRunId"
 
@@ -156,11 +159,13 @@ SCHEMA: tuple[SchemaEntry, ...] = (
     SchemaEntry(P_FINISH_BY, "param", "training", "the job's deadline (UTC ISO 8601) or `none`"),
     SchemaEntry(P_REGION, "param", "training", "grid or cloud region"),
     SchemaEntry(P_FORECAST_PROVIDER, "param", "training", "carbon-intensity provider that answered"),
-    SchemaEntry(P_SIGNAL_KIND, "param", "training", "average-direct / average-lifecycle / marginal"),
+    SchemaEntry(P_SIGNAL_KIND, "param", "training", "average-direct, average-lifecycle, marginal or `none`"),
     SchemaEntry(P_OBJECTIVE, "param", "training", "carbon, energy, time, edp, eds:k or zeus:η"),
     SchemaEntry(P_COLOCATED_JOBS, "param", "training", "jobs sharing the GPU, comma-separated, `none` if alone"),
     SchemaEntry(P_PLAN_REASON, "param", "training", "the planner's one-line reason"),
     SchemaEntry(P_REPLANS, "param", "training", "times the start moved after a wake-up re-plan"),
+    SchemaEntry(P_EPOCHS, "param", "training", "work to do in epochs (`none` if given in steps)"),
+    SchemaEntry(P_STEPS, "param", "training", "work to do in optimiser steps (`none` if given in epochs)"),
     SchemaEntry(P_DEVICE_KIND, "param", "profile", "gpu or cpu"),
     SchemaEntry(P_PROFILE_CONFIGURATIONS, "param", "profile", "number of profiled configurations"),
     SchemaEntry(P_DEFAULT_POWER_LIMIT_W, "param", "profile", "the device's default power limit (W)"),
@@ -180,6 +185,7 @@ SCHEMA: tuple[SchemaEntry, ...] = (
     SchemaEntry(T_POWER_LIMIT_APPLIED, "tag", "training", "`false` when the power limit could not be set"),
     SchemaEntry(T_MODEL_REGISTERED, "tag", "training", "`true` when the model met the bar and was registered"),
     SchemaEntry(T_MODEL_REGISTRY_NOTE, "tag", "training", "why the model was or was not registered"),
+    SchemaEntry(T_REACHED_TARGET, "tag", "training", "`true`/`false`: the job's target metric was reached"),
     SchemaEntry(T_IDEMPOTENCY_KEY, "tag", "all", "client-made key; replay from the spool never duplicates a run"),
     SchemaEntry(T_COMPLETE, "tag", "all", "`true` once every field and artifact was written"),
     SchemaEntry(T_SPOOLED, "tag", "all", "`true` when the run was written later from the local spool (outage)"),
@@ -229,6 +235,8 @@ TRAINING_REQUIRED_PARAMS: tuple[str, ...] = (
     P_COLOCATED_JOBS,
     P_PLAN_REASON,
     P_REPLANS,
+    P_EPOCHS,
+    P_STEPS,
 )
 TRAINING_REQUIRED_TAGS: tuple[str, ...] = (
     T_JOB,
