@@ -39,6 +39,9 @@ def provider_key(provider: Any) -> str:
 
 def zone_for(provider: Any, region: ResolvedRegion) -> str | None:
     """The zone code ``provider`` understands for ``region`` (None: not covered)."""
+    custom = getattr(provider, "zone_for", None)
+    if callable(custom):
+        return custom(region)
     key = getattr(provider, "zone_key", "grid")
     if key == "grid":
         return region.grid_zone

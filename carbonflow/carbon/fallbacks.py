@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -101,6 +102,13 @@ class StaticProvider:
 
     zone_key = "country"
     name = "static:codecarbon"
+
+    def zone_for(self, region: Any) -> str:
+        """The cloud region if codecarbon lists it (grid-specific figure), else the country's ISO-3 code."""
+        _, cloud = _codecarbon_tables()
+        if region.kind == "cloud" and region.name.lower() in cloud:
+            return region.name
+        return region.country_iso3
 
     def forecast(self, region: str, now: datetime, horizon_s: float = DEFAULT_HORIZON_S) -> Forecast:
         """``region`` is a cloud region name (``gcp:europe-west2``) or an ISO-3166 alpha-3 country code."""
