@@ -14,10 +14,18 @@ from carbonflow.models import SimulatedGpuSpec
 
 
 def test_units_converted_mj_to_j_and_mw_to_w(fake_nvml):
-    fake_nvml.setup([
-        {"energy_mj": 123456, "load_power_mw": 0, "min_limit_mw": 125000, "max_limit_mw": 275500,
-         "default_limit_mw": 250000, "limit_mw": 240000},
-    ])
+    fake_nvml.setup(
+        [
+            {
+                "energy_mj": 123456,
+                "load_power_mw": 0,
+                "min_limit_mw": 125000,
+                "max_limit_mw": 275500,
+                "default_limit_mw": 250000,
+                "limit_mw": 240000,
+            },
+        ]
+    )
     (gpu,) = nvml_devices()
     assert gpu.label == "measured" and gpu.kind == "gpu"
     assert gpu.energy_j() == pytest.approx(123.456)
@@ -117,10 +125,12 @@ def test_invalid_visible_entry_stops_enumeration_like_cuda(fake_nvml, caplog):
 
 
 def test_mig_mode_flagged_device_level(fake_nvml):
-    state = fake_nvml.setup([
-        {"arch": 7, "name": "NVIDIA A100-SXM4-40GB", "mig_mode": 1, "mig_devices": ["MIG-1111-2222"]},
-        {"arch": 7, "name": "NVIDIA A100-SXM4-40GB"},
-    ])
+    state = fake_nvml.setup(
+        [
+            {"arch": 7, "name": "NVIDIA A100-SXM4-40GB", "mig_mode": 1, "mig_devices": ["MIG-1111-2222"]},
+            {"arch": 7, "name": "NVIDIA A100-SXM4-40GB"},
+        ]
+    )
     gpus = nvml_devices()
     assert gpus[0].mig and not gpus[1].mig
     assert any("device-level" in n for n in gpus[0].notes)

@@ -298,18 +298,22 @@ def nvmlDeviceGetEnforcedPowerLimit(handle: c_nvmlDevice_t) -> int:
 
 
 def nvmlDeviceSetPowerManagementLimit(handle: c_nvmlDevice_t, limit: int) -> None:
+    error = None
     with _state() as state:
         dev = _limits_dev(state, handle)
         if not dev.get("set_permission", True):
             raise NVMLError(NVML_ERROR_NO_PERMISSION)
-        if dev.get("set_failures", 0) > 0:
+        if dev.get("set_failures", 0) > 0:  # transient driver failure: recorded, then raised
             dev["set_failures"] -= 1
             state.setdefault("set_calls", []).append([dev["uuid"], int(limit), os.getpid(), "failed"])
-            raise NVMLError(NVML_ERROR_UNKNOWN)
-        if not dev["min_limit_mw"] <= limit <= dev["max_limit_mw"]:
+            error = NVML_ERROR_UNKNOWN
+        elif not dev["min_limit_mw"] <= limit <= dev["max_limit_mw"]:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-        dev["limit_mw"] = int(limit)
-        state.setdefault("set_calls", []).append([dev["uuid"], int(limit), os.getpid(), "ok"])
+        else:
+            dev["limit_mw"] = int(limit)
+            state.setdefault("set_calls", []).append([dev["uuid"], int(limit), os.getpid(), "ok"])
+    if error is not None:
+        raise NVMLError(error)
 
 
 # ---- helpers for tests (not part of pynvml) --------------------------------------------------

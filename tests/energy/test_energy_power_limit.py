@@ -1,0 +1,219 @@
+"""Power limits are applied to every GPU of a run and always restored (in-process and across processes)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from carbonflow.energy.errors import PowerLimitRestoreFailed
+from carbonflow.energy.nvml import nvml_devices
+from carbonflow.energy.power_limit import applied_power_limit, restore_from_journal
+from carbonflow.energy.simulated import SimulatedGpu
+from carbonflow.models import SimulatedGpuSpec
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_DIR = Path(__file__).parent / "fake_pynvml"
+DRIVER = Path(__file__).parent / "power_limit_driver.py"
+
+FOUR_GPUS = [{"limit_mw": 300000}, {"limit_mw": 280000}, {"limit_mw": 250000}, {"limit_mw": 300000}]
+
+
+def test_normal_exit_restores_every_gpu(fake_nvml, journal_dir):
+    fake_nvml.setup(FOUR_GPUS)
+    before = fake_nvml.limits_mw()
+    gpus = nvml_devices()
+    with applied_power_limit(gpus, 175) as outcome:
+        assert outcome.applied
+        assert fake_nvml.limits_mw() == [175000] * 4
+        journal = json.loads(Path(outcome.journal_path).read_text())
+        assert {d["id"]: d["previous_w"] for d in journal["devices"]} == {
+            g.id: b / 1000 for g, b in zip(gpus, before, strict=True)
+        }
+    assert fake_nvml.limits_mw() == before
+    assert outcome.restored is True
+    assert not Path(outcome.journal_path).exists()
+
+
+def test_exception_restores(fake_nvml, journal_dir):
+    fake_nvml.setup(FOUR_GPUS)
+    before = fake_nvml.limits_mw()
+    with pytest.raises(RuntimeError, match="boom"), applied_power_limit(nvml_devices(), 150):
+        assert fake_nvml.limits_mw() == [150000] * 4
+        raise RuntimeError("boom")
+    assert fake_nvml.limits_mw() == before
+
+
+def test_out_of_range_rejected_before_any_change(fake_nvml, journal_dir):
+    fake_nvml.setup([{}, {"min_limit_mw": 150000}])
+    with (
+        pytest.raises(ValueError, match=r"power_limit_w=120 .*150 W to 300 W"),
+        applied_power_limit(nvml_devices(), 120),
+    ):
+        pass
+    assert fake_nvml.state()["set_calls"] == []
+    assert not list(journal_dir.glob("*.json")) if journal_dir.exists() else True
+
+
+def test_none_limit_changes_nothing(fake_nvml, journal_dir):
+    fake_nvml.setup([{}])
+    with applied_power_limit(nvml_devices(), None) as outcome:
+        assert not outcome.applied and "no power limit requested" in outcome.notes[0]
+    assert fake_nvml.state()["set_calls"] == []
+
+
+def test_sigterm_in_process_restores_then_exits(fake_nvml, journal_dir):
+    fake_nvml.setup(FOUR_GPUS)
+    before = fake_nvml.limits_mw()
+    old = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as info, applied_power_limit(nvml_devices(), 200):
+        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler interrupts this
+    assert info.value.code == 128 + signal.SIGTERM
+    assert fake_nvml.limits_mw() == before
+    assert signal.getsignal(signal.SIGTERM) == old
+
+
+def test_sigint_in_process_restores_and_chains_to_previous_handler(fake_nvml, journal_dir):
+    fake_nvml.setup(FOUR_GPUS)
+    before = fake_nvml.limits_mw()
+    seen: list[list[int]] = []
+
+    def previous(signum, frame):  # e.g. the wrapper's own handler: forwards to the child, records
+        seen.append(fake_nvml.limits_mw())
+
+    old = signal.signal(signal.SIGINT, previous)
+    try:
+        with applied_power_limit(nvml_devices(), 200):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            assert seen == [before]  # restored before the previous handler ran
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert fake_nvml.limits_mw() == before
+
+
+def test_failed_restore_is_retried(fake_nvml, journal_dir):
+    fake_nvml.setup([{}, {}])
+    before = fake_nvml.limits_mw()
+    with applied_power_limit(nvml_devices(), 200, retry_delay_s=0.01) as outcome:
+        fake_nvml.update(1, set_failures=2)
+    assert outcome.restored is True
+    assert fake_nvml.limits_mw() == before
+    failed = [c for c in fake_nvml.state()["set_calls"] if c[3] == "failed"]
+    assert len(failed) == 2
+
+
+def test_restore_failure_is_loud_and_journal_allows_later_restore(fake_nvml, journal_dir, caplog, capsys):
+    fake_nvml.setup([{}, {}])
+    before = fake_nvml.limits_mw()
+    with caplog.at_level(logging.CRITICAL), applied_power_limit(nvml_devices(), 200, retry_delay_s=0.01) as outcome:
+        fake_nvml.update(0, set_failures=10)
+    assert outcome.restored is False
+    assert "POWER LIMIT NOT RESTORED" in caplog.text
+    assert "POWER LIMIT NOT RESTORED" in capsys.readouterr().err
+    assert fake_nvml.limits_mw() == [200000, 300000]
+    journal = Path(outcome.journal_path)
+    assert journal.exists()
+    fake_nvml.update(0, set_failures=0)
+    restored = restore_from_journal(journal, nvml_devices())
+    assert fake_nvml.limits_mw() == before
+    assert len(restored) == 2 and not journal.exists()
+
+
+def test_restore_from_journal_missing_gpu_raises(fake_nvml, tmp_path):
+    fake_nvml.setup([{}])
+    path = tmp_path / "j.json"
+    path.write_text(json.dumps({"pid": 1, "devices": [{"id": "GPU-gone", "previous_w": 250}]}))
+    with pytest.raises(PowerLimitRestoreFailed, match="GPU-gone not found"):
+        restore_from_journal(path, nvml_devices())
+    assert path.exists()
+
+
+def test_simulated_gpus_restored(journal_dir):
+    gpus = [SimulatedGpu(SimulatedGpuSpec(gpu_model="A40"), index=i) for i in range(2)]
+    with applied_power_limit(gpus, 150) as outcome:
+        assert [g.power_limit_w() for g in gpus] == [150, 150]
+        assert gpus[0].slowdown_factor() > 1
+    assert outcome.applied and [g.power_limit_w() for g in gpus] == [300, 300]
+
+
+# ---- across processes: the wrapper-like driver with the fake driver state shared through a file ----
+
+
+def _env(fake_nvml, journal_dir) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(FAKE_DIR), str(REPO), env.get("PYTHONPATH", "")])
+    env["FAKE_PYNVML_STATE"] = str(fake_nvml.path)
+    env["CARBONFLOW_POWER_JOURNAL_DIR"] = str(journal_dir)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def _start(fake_nvml, journal_dir, mode: str) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen(
+        [sys.executable, str(DRIVER), "160", mode],
+        env=_env(fake_nvml, journal_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline()
+    assert line.startswith("APPLIED"), line + proc.stderr.read()
+    child_pid = int(line.split("child=")[1].split()[0])
+    return proc, child_pid
+
+
+@pytest.mark.parametrize("fault", ["exception", "sigterm", "sigint", "child_sigkill"])
+def test_fault_injection_across_processes(fake_nvml, journal_dir, fault):
+    fake_nvml.setup(FOUR_GPUS)
+    before = fake_nvml.limits_mw()
+    proc, child_pid = _start(fake_nvml, journal_dir, "exception" if fault == "exception" else "wait")
+    if fault != "exception":
+        assert fake_nvml.limits_mw() == [160000] * 4
+    if fault == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    elif fault == "sigint":
+        proc.send_signal(signal.SIGINT)
+    elif fault == "child_sigkill":
+        os.kill(child_pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    out, err = proc.communicate()
+    assert fake_nvml.limits_mw() == before, err
+    assert not list(journal_dir.glob("*.json"))
+    if fault == "child_sigkill":
+        assert "CHILD EXITED -9" in out and proc.returncode == 0
+    elif fault == "sigterm":
+        assert proc.returncode == 128 + signal.SIGTERM
+    else:
+        assert proc.returncode != 0
+
+
+def test_wrapper_killed_then_restored_from_journal(fake_nvml, journal_dir):
+    """SIGKILL of the wrapper itself cannot be caught: the journal lets a later process restore."""
+    fake_nvml.setup(FOUR_GPUS)
+    before = fake_nvml.limits_mw()
+    proc, child_pid = _start(fake_nvml, journal_dir, "wait")
+    proc.kill()
+    os.kill(child_pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+    assert fake_nvml.limits_mw() == [160000] * 4
+    assert len(list(journal_dir.glob("*.json"))) == 1
+    done = subprocess.run(
+        [sys.executable, "-m", "carbonflow.energy.power_limit", "restore"],
+        env=_env(fake_nvml, journal_dir),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert fake_nvml.limits_mw() == before
+    assert not list(journal_dir.glob("*.json"))
