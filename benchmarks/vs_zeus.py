@@ -243,7 +243,7 @@ def simulate_carbonflow(w: Workload, n_rec: int, seed: int, with_bs: bool) -> Ou
                 jit = profile_power(w, bs)
                 chosen_pl[bs] = jit[0]
             pl = chosen_pl[bs]
-            cost_ub = explorer.stop_threshold() if with_bs else math.inf
+            cost_ub = explorer.stop_threshold(bs) if with_bs else math.inf
             energy, time_s, reached, epochs = run_config(w, bs, pl, rng, cost_ub, jit)
             cost = zeus_cost(energy, time_s, ETA, w.max_power)
             if with_bs:
@@ -341,7 +341,7 @@ def summarise(w: Workload, outcomes: list[Outcome]) -> dict[str, object]:
 def run_pair(gpu: str, spec: tuple, train: pd.DataFrame, seeds: list[int], rec_scale: float) -> dict[str, object]:
     power = pd.read_csv(DATA / f"summary_power_{gpu}.csv")
     w = Workload(train, power, spec)
-    n_rec = max(4, int(round(2 * len(w.batch_sizes) * len(w.power_limits) * rec_scale)))
+    n_rec = max(4, round(2 * len(w.batch_sizes) * len(w.power_limits) * rec_scale))
     policies: dict[str, list[Outcome]] = {k: [] for k in ("default", "zeus_pl", "zeus", "carbonflow_pl", "carbonflow")}
     errors: list[str] = []
     for seed in seeds:

@@ -217,8 +217,13 @@ class BatchSizeExplorer:
     default_batch_size: int
     prior_cost_per_epoch: Mapping[int, float]
     beta: float = 2.0
+    explore_beta: float = 1.25
     prior_cv: float = 0.15
     optimism: float = 0.8
+    prior_epoch_exponent: float = 0.5
+    """Before two batch sizes converged: epochs to target of a larger batch size assumed ∝ batch_size ** this
+    (between perfect scaling, 0, and none, 1) and of a smaller one equal; replaced by the log-log slope
+    observed as soon as two batch sizes converged."""
     max_failures: int = 2
     explore_budget: int | None = None
     """At most this many exploratory runs (None: unbounded; pruning keeps it small)."""
@@ -244,30 +249,58 @@ class BatchSizeExplorer:
         cost, b = min(tried)
         return b, cost
 
-    def _e_ref(self) -> float | None:
-        seen = self.epochs_seen[self.default_batch_size]
-        return float(np.mean(seen)) if seen else None
-
-    def _e_min(self) -> float | None:
-        every = [e for seen in self.epochs_seen.values() for e in seen]
-        return min(every) if every else None
-
     def _alive(self, b: int) -> bool:
         return self.arms[b].failures < self.max_failures
 
+    def _failed(self, b: int) -> bool:
+        """Tried and never reached the target."""
+        return self.arms[b].failures > 0 and not self.arms[b].costs
+
+    def predicted_epochs(self, b: int) -> float:
+        """Epochs to target predicted for batch size ``b`` from the ones observed (see the class doc)."""
+        seen = {x: float(np.mean(e)) for x, e in self.epochs_seen.items() if e}
+        if b in seen:
+            return seen[b]
+        if not seen:
+            return math.inf
+        lo, hi = min(seen), max(seen)
+        if any(self._failed(f) and hi < f <= b for f in self.arms):
+            return math.inf  # at or beyond a larger batch size that never converged: assume none larger does
+        if any(self._failed(f) and b <= f < lo for f in self.arms):
+            return math.inf  # the same downwards
+        xs = sorted(seen)
+        lx = [math.log(x) for x in xs]
+        ly = [math.log(seen[x]) for x in xs]
+        if xs[0] < b < xs[-1]:
+            return float(math.exp(np.interp(math.log(b), lx, ly)))
+        if len(xs) == 1:  # one point: larger batches assumed to need more epochs, smaller ones no fewer
+            slope = self.prior_epoch_exponent if b > xs[0] else 0.0
+        elif b < xs[0]:
+            slope = (ly[1] - ly[0]) / (lx[1] - lx[0])
+        else:
+            slope = (ly[-1] - ly[-2]) / (lx[-1] - lx[-2])
+        slope = min(max(slope, 0.0), 2.0)  # more samples per step never need fewer epochs (within reason)
+        anchor = 0 if b < xs[0] else -1
+        return float(math.exp(ly[anchor] + slope * (math.log(b) - lx[anchor])))
+
+    def predicted_cost(self, b: int) -> float:
+        """Profile cost per epoch × predicted epochs to target."""
+        return self.prior_cost_per_epoch[b] * self.predicted_epochs(b)
+
     def untried_order(self) -> list[int]:
-        """Untried, still plausible batch sizes, most promising first (by profile cost per epoch)."""
-        e_ref = self._e_ref() or 1.0
-        e_min = self._e_min()
+        """Untried, still plausible batch sizes, most promising first (by predicted cost to target).
+
+        Only batch sizes whose predicted cost, times ``optimism``, is below the best mean cost seen.
+        """
         _, best = self.best_mean()
-        out = []
-        for b in sorted(self.arms, key=lambda b: (self.prior_cost_per_epoch[b] * e_ref, b)):
-            if self.arms[b].costs or not self._alive(b):
+        scored = []
+        for b in self.arms:
+            if self.arms[b].costs or self.arms[b].failures:
                 continue
-            if e_min is not None and self.prior_cost_per_epoch[b] * e_min * self.optimism >= best:
-                continue
-            out.append(b)
-        return out
+            cost = self.predicted_cost(b)
+            if cost * self.optimism < best:
+                scored.append((cost, b))
+        return [b for _, b in sorted(scored)]
 
     # -- decisions ----------------------------------------------------------------------------------------
     def choose(self, rng: np.random.Generator) -> int:
@@ -289,9 +322,16 @@ class BatchSizeExplorer:
             draws.append((float(rng.normal(mean, max(std, 1e-12))), b))
         return min(draws)[1]
 
-    def stop_threshold(self) -> float:
-        """Early-stop a run once its spent cost passes this (``beta`` × best mean cost; inf before any)."""
+    def stop_threshold(self, batch_size: int | None = None) -> float:
+        """Early-stop a run once its spent cost passes this (inf before any run reached the target).
+
+        ``beta`` × the best mean cost for a batch size already known to converge; ``explore_beta`` × it for
+        an exploratory run of an untried batch size: a run that has spent more than the best option costs
+        on average cannot show that its batch size is better, so it is abandoned early.
+        """
         _, best = self.best_mean()
+        if batch_size is not None and not self.arms[batch_size].costs:
+            return self.explore_beta * best
         return self.beta * best
 
     def observe(self, batch_size: int, cost: float, reached: bool, epochs: float | None = None) -> None:
