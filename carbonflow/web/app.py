@@ -1,0 +1,202 @@
+"""The Carbon page: a small FastAPI app, mounted by the Airflow plugin at ``/carbonflow``.
+
+Routes: ``/carbon`` (HTML: forecast chart with the planned windows of waiting jobs, latest runs' energy,
+emissions, accuracy and savings from MLflow), ``/api/runs`` and ``/api/forecast`` (the same data as JSON),
+``/static/*`` (the page's CSS and icon, shipped in the package: it works offline).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, Query
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from carbonflow.web.chart import forecast_svg
+from carbonflow.web.data import PageData, RunRow, UpcomingJob, latest_runs, page_forecast
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).parent / "static"
+UpcomingSource = Callable[[], list[UpcomingJob]]
+
+
+def _fmt(value: float | None, spec: str = ".3g", suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _badges(row: RunRow) -> str:
+    labels = [label for label in row.energy_labels.replace(";", ",").split(",") if label.strip()]
+    out = "".join(f'<span class="badge {escape(lb.strip())}">{escape(lb.strip())}</span>' for lb in labels)
+    if row.replay:
+        out += '<span class="badge replay">replay</span>'
+    return out
+
+
+def _runs_table(runs: list[RunRow]) -> str:
+    head = (
+        "<tr><th>job</th><th>started (UTC)</th><th>config</th><th>duration s</th><th>energy kWh</th>"
+        "<th>emissions gCO2e</th><th>intensity g/kWh</th><th>test accuracy</th><th>saving g</th>"
+        "<th>saving %</th><th>labels</th><th>run</th></tr>"
+    )
+    if not runs:
+        empty = '<tr class="empty"><td colspan="12">No training runs yet.</td></tr>'
+        return f'<table id="runs-table">{head}{empty}</table>'
+    rows = []
+    for r in runs:
+        saving_pct = None if r.saving_fraction is None else 100 * r.saving_fraction
+        rows.append(
+            f'<tr class="run-row" data-run-id="{escape(r.run_id)}"><td>{escape(r.job)}</td>'
+            f"<td>{r.started_at:%Y-%m-%d %H:%M}</td><td class=\"text\">{escape(r.config_key)}</td>"
+            f"<td>{_fmt(r.duration_s, '.1f')}</td><td>{_fmt(r.energy_total_kwh, '.4g')}</td>"
+            f"<td>{_fmt(r.emissions_g, '.4g')}</td><td>{_fmt(r.intensity_gco2_per_kwh, '.0f')}</td>"
+            f"<td>{_fmt(r.test_accuracy, '.3f')}</td><td>{_fmt(r.saving_g, '.3g')}</td>"
+            f"<td>{_fmt(saving_pct, '.1f', ' %')}</td><td class=\"text\">{_badges(r)}</td>"
+            f'<td class="text"><code>{escape(r.run_id[:8])}</code></td></tr>'
+        )
+    return f'<table id="runs-table">{head}{"".join(rows)}</table>'
+
+
+def _upcoming_table(upcoming: list[UpcomingJob]) -> str:
+    if not upcoming:
+        return '<p class="sub" id="upcoming-empty">No job is waiting for its window.</p>'
+    rows = []
+    for job in upcoming:
+        p = job.plan
+        finish = p.finish_by.strftime("%Y-%m-%d %H:%M") if p.finish_by else "–"
+        rows.append(
+            f'<tr class="upcoming-row"><td>{escape(p.job)}</td><td>{p.start:%Y-%m-%d %H:%M}</td>'
+            f"<td>{finish}</td><td class=\"text\">{escape(p.config.key())}</td>"
+            f"<td>{p.predicted_energy_j / 3.6e6:.4g}</td><td>{p.predicted_emissions_g:.4g}</td>"
+            f'<td class="text why">{escape(p.reason)}</td></tr>'
+        )
+    return (
+        '<table id="upcoming-table"><tr><th>job</th><th>planned start (UTC)</th><th>finish by</th><th>config</th>'
+        "<th>predicted kWh</th><th>predicted gCO2e</th><th>why</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+def render_page(data: PageData, static_prefix: str = "static") -> str:
+    """The Carbon page HTML."""
+    fc = data.forecast
+    plans = [j.plan for j in data.upcoming if fc is None or j.plan.region == fc.region]
+    if fc is not None:
+        replay = '<span class="badge replay">replay</span>' if fc.replay else ""
+        fc_line = (
+            f'<p class="sub" id="forecast-source">{escape(fc.region)} — {escape(fc.provider)} '
+            f"({escape(fc.signal_kind)}), issued {fc.issued_at:%Y-%m-%d %H:%M} UTC{replay}</p>"
+        )
+        notes = "; ".join(fc.notes)
+        fc_line += f'<p class="notes">{escape(notes)}</p>' if notes else ""
+    else:
+        fc_line = '<p class="sub error">No forecast.</p>'
+    errors = "".join(f'<p class="error">{escape(e)}</p>' for e in data.errors)
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>carbonflow · Carbon</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="stylesheet" href="{static_prefix}/carbonflow.css"><link rel="icon" href="{static_prefix}/leaf.svg"></head>
+<body>
+<h1>Carbon</h1>
+<p class="sub">Forecast carbon intensity with each waiting job's planned window, and what the latest runs cost.</p>
+{errors}
+<h2>Forecast and planned windows</h2>
+{fc_line}
+{forecast_svg(fc, plans, title=fc.region if fc else "")}
+<h2>Waiting jobs</h2>
+{_upcoming_table(data.upcoming)}
+<h2>Latest runs</h2>
+<p class="sub">From MLflow at <code>{escape(data.tracking_uri)}</code>. Energy labels say how each figure was
+obtained (measured / estimated / simulated); replay marks carbon data replayed from recorded grids.</p>
+{_runs_table(data.runs)}
+</body></html>"""
+
+
+def create_app(
+    *,
+    tracking_uri: str | None = None,
+    upcoming_source: UpcomingSource | None = None,
+    run_limit: int = 20,
+    dependencies: list[Any] | None = None,
+) -> FastAPI:
+    """Build the app. ``upcoming_source`` lists waiting jobs (the plugin reads Airflow's deferred tasks);
+    ``dependencies`` guard every route (the plugin adds Airflow's authentication)."""
+    from carbonflow.tracking.uri import resolve_tracking_uri
+
+    app = FastAPI(title="carbonflow", dependencies=dependencies or [])
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    def gather(region: str | None, limit: int) -> PageData:
+        uri = resolve_tracking_uri(tracking_uri)
+        errors: list[str] = []
+        upcoming: list[UpcomingJob] = []
+        if upcoming_source is not None:
+            try:
+                upcoming = upcoming_source()
+            except Exception as exc:
+                log.warning("cannot list waiting jobs: %s", exc)
+                errors.append(f"Waiting jobs unavailable: {type(exc).__name__}: {exc}")
+        try:
+            forecast = page_forecast(upcoming, region)
+        except ValueError:
+            raise
+        except Exception as exc:
+            log.warning("cannot get a forecast: %s", exc)
+            errors.append(f"Forecast unavailable: {type(exc).__name__}: {exc}")
+            forecast = None
+        try:
+            runs = latest_runs(uri, limit)
+        except Exception as exc:
+            log.warning("cannot read MLflow at %s: %s", uri, exc)
+            errors.append(f"MLflow unavailable at {uri}: {type(exc).__name__}: {exc}")
+            runs = []
+        return PageData(forecast=forecast, upcoming=upcoming, runs=runs, tracking_uri=uri, errors=errors)
+
+    def _bad_request(exc: ValueError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=400)
+
+    @app.get("/carbon", response_class=HTMLResponse)
+    def carbon_page(region: str | None = Query(default=None), limit: int = Query(default=run_limit, ge=1, le=200)):
+        try:
+            return HTMLResponse(render_page(gather(region, limit)))
+        except ValueError as exc:
+            return _bad_request(exc)
+
+    @app.get("/api/runs")
+    def api_runs(limit: int = Query(default=run_limit, ge=1, le=200)) -> list[dict[str, Any]]:
+        return [r.to_json() for r in latest_runs(resolve_tracking_uri(tracking_uri), limit)]
+
+    @app.get("/api/forecast")
+    def api_forecast(region: str | None = Query(default=None)):
+        try:
+            upcoming = upcoming_source() if upcoming_source else []
+            fc = page_forecast(upcoming, region)
+        except ValueError as exc:
+            return _bad_request(exc)
+        return {
+            "forecast": fc.model_dump(mode="json"),
+            "upcoming": [
+                {"plan": j.plan.model_dump(mode="json"), "dag_id": j.dag_id, "run_id": j.run_id,
+                 "task_id": j.task_id}
+                for j in upcoming
+            ],
+            "generated_at": datetime.now().astimezone().isoformat(),
+        }
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    return app
+
+
+def airflow_auth_dependency() -> Any:
+    """Airflow's ``get_user`` (JWT bearer header or the UI's ``_token`` cookie) as a route dependency."""
+    from airflow.api_fastapi.core_api.security import get_user
+
+    return Depends(get_user)

@@ -1,0 +1,204 @@
+"""What the Carbon page shows, gathered from MLflow, Airflow and the carbon providers (no HTML here).
+
+* :func:`latest_runs` — the latest training runs of every carbonflow job, read from MLflow with the
+  documented schema (:mod:`carbonflow.tracking.schema`).
+* :func:`airflow_upcoming` — jobs whose ``CarbonAwareTrainingOperator`` is waiting (deferred), with the
+  plan and forecast it carries in its trigger state; only available inside Airflow.
+* :func:`page_forecast` — the forecast to draw: the one the waiting jobs planned on, else a fresh one from
+  the carbon chain (replay of shipped data by default, labelled so).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from carbonflow.models import Forecast, Plan
+from carbonflow.tracking import schema
+
+log = logging.getLogger(__name__)
+
+CARBON_MODE_ENV = "CARBONFLOW_CARBON_MODE"  # "replay" (default: shipped data, offline) or "live"
+UI_REGION_ENV = "CARBONFLOW_UI_REGION"
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One training run as the page's table shows it."""
+
+    run_id: str
+    experiment_id: str
+    job: str
+    started_at: datetime
+    status: str
+    config_key: str
+    power_limit_w: str
+    containers: str
+    planned_start: str
+    region: str
+    forecast_provider: str
+    duration_s: float | None
+    energy_total_j: float | None
+    emissions_g: float | None
+    intensity_gco2_per_kwh: float | None
+    test_accuracy: float | None
+    saving_g: float | None
+    saving_fraction: float | None
+    energy_labels: str
+    replay: bool
+
+    @property
+    def energy_total_kwh(self) -> float | None:
+        return None if self.energy_total_j is None else self.energy_total_j / 3.6e6
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["started_at"] = self.started_at.isoformat()
+        out["energy_total_kwh"] = self.energy_total_kwh
+        return out
+
+
+@dataclass
+class UpcomingJob:
+    """A job waiting for its planned start."""
+
+    plan: Plan
+    forecast: Forecast | None = None
+    dag_id: str = ""
+    run_id: str = ""
+    task_id: str = ""
+    state: str = "deferred"
+
+
+@dataclass
+class PageData:
+    forecast: Forecast | None
+    upcoming: list[UpcomingJob]
+    runs: list[RunRow]
+    tracking_uri: str
+    errors: list[str] = field(default_factory=list)
+
+
+def _f(metrics: dict[str, float], name: str) -> float | None:
+    value = metrics.get(name)
+    return None if value is None else float(value)
+
+
+def latest_runs(tracking_uri: str | None = None, limit: int = 20) -> list[RunRow]:
+    """The ``limit`` newest training runs across all ``carbonflow/<job>`` experiments, newest first."""
+    from carbonflow.tracking.store import client_for, tag_filter
+    from carbonflow.tracking.uri import resolve_tracking_uri, short_http_timeouts
+
+    if limit < 1:
+        raise ValueError(f"limit={limit} is not allowed; it must be >= 1")
+    uri = resolve_tracking_uri(tracking_uri)
+    with short_http_timeouts():
+        client = client_for(uri)
+        experiments = client.search_experiments(filter_string=f"name LIKE '{schema.EXPERIMENT_PREFIX}%'")
+        if not experiments:
+            return []
+        runs = client.search_runs(
+            [e.experiment_id for e in experiments],
+            filter_string=tag_filter(schema.T_KIND, schema.KIND_TRAINING),
+            max_results=limit,
+            order_by=["attributes.start_time DESC"],
+        )
+    rows = []
+    for run in runs:
+        m, p, t = run.data.metrics, run.data.params, run.data.tags
+        rows.append(
+            RunRow(
+                run_id=run.info.run_id,
+                experiment_id=run.info.experiment_id,
+                job=t.get(schema.T_JOB, "?"),
+                started_at=datetime.fromtimestamp(run.info.start_time / 1000, UTC),
+                status=run.info.status,
+                config_key=t.get(schema.T_CONFIG_KEY, ""),
+                power_limit_w=p.get(schema.P_POWER_LIMIT_W, ""),
+                containers=p.get(schema.P_CONTAINERS, ""),
+                planned_start=p.get(schema.P_PLANNED_START, ""),
+                region=p.get(schema.P_REGION, ""),
+                forecast_provider=p.get(schema.P_FORECAST_PROVIDER, ""),
+                duration_s=_f(m, schema.M_DURATION_S),
+                energy_total_j=_f(m, schema.M_ENERGY_TOTAL_J),
+                emissions_g=_f(m, schema.M_EMISSIONS_G),
+                intensity_gco2_per_kwh=_f(m, schema.M_CARBON_INTENSITY_MEAN),
+                test_accuracy=_f(m, schema.M_TEST_ACCURACY),
+                saving_g=_f(m, schema.M_SAVING_G),
+                saving_fraction=_f(m, schema.M_SAVING_FRACTION),
+                energy_labels=t.get(schema.T_ENERGY_LABELS, ""),
+                replay=t.get(schema.T_REPLAY, "false") == "true",
+            )
+        )
+    return rows
+
+
+def upcoming_from_state(raw: dict[str, Any], **where: str) -> UpcomingJob | None:
+    """An :class:`UpcomingJob` from the training operator's deferral state (``{"plan": ..., "forecast": ...}``)."""
+    state = raw.get("state", raw)
+    if not isinstance(state, dict) or "plan" not in state:
+        return None
+    plan = Plan.model_validate(state["plan"])
+    forecast = Forecast.model_validate(state["forecast"]) if state.get("forecast") else None
+    return UpcomingJob(plan=plan, forecast=forecast, **where)
+
+
+def airflow_upcoming(limit: int = 50) -> list[UpcomingJob]:
+    """Deferred carbonflow training tasks in Airflow's metadata DB, with their plans (inside Airflow only)."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+    from sqlalchemy import select
+
+    out: list[UpcomingJob] = []
+    with create_session() as session:
+        tis = session.scalars(
+            select(TaskInstance)
+            .where(TaskInstance.state == TaskInstanceState.DEFERRED)
+            .where(TaskInstance.operator == "CarbonAwareTrainingOperator")
+            .limit(limit)
+        ).all()
+        for ti in tis:
+            try:
+                job = upcoming_from_state(ti.next_kwargs or {}, dag_id=ti.dag_id, run_id=ti.run_id,
+                                          task_id=ti.task_id, state="deferred")
+            except Exception as exc:  # an old or foreign state shape must not break the page
+                log.warning("cannot read the plan of %s/%s/%s: %s", ti.dag_id, ti.run_id, ti.task_id, exc)
+                continue
+            if job is not None:
+                out.append(job)
+    return sorted(out, key=lambda j: j.plan.start)
+
+
+def _mode() -> str:
+    mode = os.environ.get(CARBON_MODE_ENV, "replay").lower()
+    if mode not in ("replay", "live"):
+        raise ValueError(f"{CARBON_MODE_ENV}={mode!r} is not allowed; use 'replay' or 'live'")
+    return mode
+
+
+def page_forecast(upcoming: list[UpcomingJob], region: str | None = None, now: datetime | None = None) -> Forecast:
+    """The forecast to draw: the latest one a waiting job planned on (its region), else one from the chain.
+
+    In replay mode (the default, offline) the chain serves the shipped NESO GB replay and ``now`` is mapped
+    to the start of the replayed period; the forecast says ``replay``.
+    """
+    with_forecast = [j for j in upcoming if j.forecast is not None and (region is None or j.plan.region == region)]
+    if with_forecast:
+        return max(with_forecast, key=lambda j: j.forecast.issued_at).forecast  # type: ignore[union-attr]
+    from carbonflow.carbon.chain import default_chain
+
+    region = region or os.environ.get(UI_REGION_ENV, "GB")
+    if _mode() == "replay":
+        from carbonflow.carbon.replay import ReplayProvider
+
+        first, _last = ReplayProvider.default().replay_window()
+        start = now or first
+        chain = default_chain(replay=True)
+    else:
+        start = now or datetime.now(UTC)
+        chain = default_chain()
+    return chain.forecast(region, start, start + timedelta(hours=24), now=start)

@@ -1,0 +1,46 @@
+"""The Airflow 3 plugin: mounts the Carbon page app at ``/carbonflow`` and adds "Carbon" to the UI's nav.
+
+Registered twice on purpose, and loaded once (Airflow skips a plugin name already registered): through the
+``airflow.plugins`` entry point of the installed package and through the thin ``plugins/carbonflow_plugin.py``
+for deployments that mount the repository's ``plugins/`` folder.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, ClassVar
+
+from airflow.plugins_manager import AirflowPlugin
+
+from carbonflow.web.app import airflow_auth_dependency, create_app
+from carbonflow.web.data import airflow_upcoming
+
+URL_PREFIX = "/carbonflow"
+AUTH_ENV = "CARBONFLOW_UI_AUTH"  # "airflow" (default): the page needs an Airflow login; "none": open
+
+
+def _dependencies() -> list:
+    mode = os.environ.get(AUTH_ENV, "airflow").lower()
+    if mode not in ("airflow", "none"):
+        raise ValueError(f"{AUTH_ENV}={mode!r} is not allowed; use 'airflow' or 'none'")
+    return [airflow_auth_dependency()] if mode == "airflow" else []
+
+
+carbon_app = create_app(upcoming_source=airflow_upcoming, dependencies=_dependencies())
+
+
+class CarbonflowPlugin(AirflowPlugin):
+    """Carbon page (forecast, planned windows, latest runs from MLflow) inside the Airflow UI."""
+
+    name = "carbonflow"
+    fastapi_apps: ClassVar[list[dict[str, Any]]] = [{"app": carbon_app, "url_prefix": URL_PREFIX, "name": "carbonflow"}]
+    external_views: ClassVar[list[dict[str, Any]]] = [
+        {
+            "name": "Carbon",
+            "href": f"{URL_PREFIX}/carbon",
+            "destination": "nav",
+            "url_route": "carbon",
+            "icon": f"{URL_PREFIX}/static/leaf.svg",
+            "category": "browse",
+        }
+    ]
