@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# Start carbonflow's real stack without Docker, in the background, under .carbonflow/:
+#   MLflow tracking server, Airflow api-server, scheduler, dag-processor and triggerer.
+# Every process runs in its own session (its PID is its process-group id) with a PID file in
+# .carbonflow/run/; scripts/stop.sh stops each group by that PID. Health-checked before returning.
+#
+# Settings (environment):
+#   CARBONFLOW_HOME            state folder (default: <repo>/.carbonflow)
+#   CARBONFLOW_AIRFLOW_PORT    Airflow api-server port (default 8080)
+#   CARBONFLOW_MLFLOW_PORT     MLflow server port (default 5000)
+#   CARBONFLOW_AIRFLOW_DB_URL  Airflow metadata DB (default: SQLite under $CARBONFLOW_HOME/airflow;
+#                              e.g. postgresql+psycopg2://postgres@127.0.0.1:5432/airflow)
+#   CARBONFLOW_MLFLOW_BACKEND_URI  MLflow backend store (default: sqlite:///$CARBONFLOW_HOME/mlflow.db)
+#   CARBONFLOW_VENV            virtualenv with carbonflow installed (default: <repo>/.venv)
+#   CARBONFLOW_START_TIMEOUT_S seconds to wait for health (default 240)
+# Auth: SimpleAuthManager with every user an admin (a local development stack): get a REST API token with
+#   curl -s http://127.0.0.1:$PORT/auth/token   (GET, no credentials) and send "Authorization: Bearer <token>".
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+HOME_DIR="${CARBONFLOW_HOME:-$REPO/.carbonflow}"
+mkdir -p "$HOME_DIR"
+HOME_DIR="$(cd "$HOME_DIR" && pwd)"
+VENV="${CARBONFLOW_VENV:-$REPO/.venv}"
+AIRFLOW_PORT="${CARBONFLOW_AIRFLOW_PORT:-8080}"
+MLFLOW_PORT="${CARBONFLOW_MLFLOW_PORT:-5000}"
+TIMEOUT_S="${CARBONFLOW_START_TIMEOUT_S:-240}"
+RUN_DIR="$HOME_DIR/run"
+LOG_DIR="$HOME_DIR/logs"
+AIRFLOW_HOME_DIR="$HOME_DIR/airflow"
+mkdir -p "$RUN_DIR" "$LOG_DIR" "$AIRFLOW_HOME_DIR" "$HOME_DIR/mlartifacts"
+
+if [[ ! -x "$VENV/bin/airflow" || ! -x "$VENV/bin/mlflow" ]]; then
+  echo "serve: $VENV has no airflow/mlflow; run 'make demo' or 'make test' first to create it" >&2
+  exit 2
+fi
+
+for pidfile in "$RUN_DIR"/*.pid; do
+  [[ -e "$pidfile" ]] || continue
+  if kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    echo "serve: already running ($(basename "$pidfile" .pid) pid $(cat "$pidfile")); run scripts/stop.sh first" >&2
+    exit 1
+  fi
+  rm -f "$pidfile"
+done
+
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+for port in "$AIRFLOW_PORT" "$MLFLOW_PORT"; do
+  if port_busy "$port"; then
+    echo "serve: port $port is already in use; set CARBONFLOW_AIRFLOW_PORT / CARBONFLOW_MLFLOW_PORT" >&2
+    exit 1
+  fi
+done
+
+# A JWT secret shared by every Airflow process (tokens issued by the api-server are checked by the others).
+SECRET_FILE="$AIRFLOW_HOME_DIR/jwt_secret"
+if [[ ! -s "$SECRET_FILE" ]]; then
+  (umask 077 && "$VENV/bin/python" -c 'import secrets; print(secrets.token_urlsafe(32))' > "$SECRET_FILE")
+fi
+
+# The environment of every process, also written to stack.env so that `source .carbonflow/stack.env`
+# points a shell's airflow/mlflow/carbonflow commands at this stack.
+cat > "$HOME_DIR/stack.env" <<EOF
+export CARBONFLOW_HOME="$HOME_DIR"
+export AIRFLOW_HOME="$AIRFLOW_HOME_DIR"
+export AIRFLOW__CORE__DAGS_FOLDER="$REPO/dags"
+export AIRFLOW__CORE__PLUGINS_FOLDER="$REPO/plugins"
+export AIRFLOW__CORE__LOAD_EXAMPLES=False
+export AIRFLOW__CORE__EXECUTOR=LocalExecutor
+export AIRFLOW__CORE__PARALLELISM=4
+export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://127.0.0.1:$AIRFLOW_PORT/execution/"
+export AIRFLOW__CORE__AUTH_MANAGER=airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS=True
+export AIRFLOW__API__PORT="$AIRFLOW_PORT"
+export AIRFLOW__API__HOST=127.0.0.1
+export AIRFLOW__API__BASE_URL="http://127.0.0.1:$AIRFLOW_PORT"
+export AIRFLOW__API__WORKERS=1
+export AIRFLOW__API_AUTH__JWT_SECRET="$(cat "$SECRET_FILE")"
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="${CARBONFLOW_AIRFLOW_DB_URL:-sqlite:///$AIRFLOW_HOME_DIR/airflow.db}"
+export AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL=20
+export AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL=30
+export AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK=False
+export AIRFLOW__LOGGING__BASE_LOG_FOLDER="$LOG_DIR/airflow"
+export MLFLOW_TRACKING_URI="http://127.0.0.1:$MLFLOW_PORT"
+export CARBONFLOW_UI_AUTH=airflow
+export PYTHONPATH="$REPO\${PYTHONPATH:+:\$PYTHONPATH}"
+EOF
+# shellcheck disable=SC1091
+source "$HOME_DIR/stack.env"
+
+started=()
+start() {  # start NAME CMD...: own session, output to logs/NAME.log, PID file run/NAME.pid
+  local name="$1"; shift
+  setsid "$@" >"$LOG_DIR/$name.log" 2>&1 < /dev/null &
+  echo $! > "$RUN_DIR/$name.pid"
+  started+=("$name")
+  echo "serve: started $name (pid $!, log $LOG_DIR/$name.log)"
+}
+
+fail() {
+  echo "serve: $*" >&2
+  for name in "${started[@]}"; do
+    echo "---- last lines of $LOG_DIR/$name.log" >&2
+    tail -n 15 "$LOG_DIR/$name.log" >&2 || true
+  done
+  "$REPO/scripts/stop.sh" >&2 || true
+  exit 1
+}
+
+echo "serve: migrating the Airflow metadata DB ($AIRFLOW__DATABASE__SQL_ALCHEMY_CONN)"
+"$VENV/bin/airflow" db migrate >"$LOG_DIR/airflow-db-migrate.log" 2>&1 || {
+  tail -n 30 "$LOG_DIR/airflow-db-migrate.log" >&2; exit 1; }
+
+start mlflow "$VENV/bin/mlflow" server --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 1 \
+  --backend-store-uri "${CARBONFLOW_MLFLOW_BACKEND_URI:-sqlite:///$HOME_DIR/mlflow.db}" \
+  --artifacts-destination "$HOME_DIR/mlartifacts"
+start airflow-api-server "$VENV/bin/airflow" api-server --port "$AIRFLOW_PORT" --host 127.0.0.1 --workers 1
+start airflow-scheduler "$VENV/bin/airflow" scheduler
+start airflow-dag-processor "$VENV/bin/airflow" dag-processor
+start airflow-triggerer "$VENV/bin/airflow" triggerer
+
+health_json() { curl -fsS --max-time 3 "http://127.0.0.1:$AIRFLOW_PORT/api/v2/monitor/health" 2>/dev/null || true; }
+all_healthy() {
+  "$VENV/bin/python" -c '
+import json, sys
+try:
+    h = json.loads(sys.argv[1])
+except ValueError:
+    sys.exit(1)
+parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+sys.exit(0 if all((h.get(p) or {}).get("status") == "healthy" for p in parts) else 1)' "$1"
+}
+
+deadline=$((SECONDS + TIMEOUT_S))
+mlflow_ok=0
+airflow_ok=0
+while (( SECONDS < deadline )); do
+  for name in "${started[@]}"; do
+    kill -0 "$(cat "$RUN_DIR/$name.pid")" 2>/dev/null || fail "$name exited during start-up"
+  done
+  if (( !mlflow_ok )) && curl -fsS --max-time 3 "http://127.0.0.1:$MLFLOW_PORT/health" >/dev/null 2>&1; then
+    mlflow_ok=1; echo "serve: MLflow healthy at http://127.0.0.1:$MLFLOW_PORT"
+  fi
+  if (( !airflow_ok )) && all_healthy "$(health_json)"; then
+    airflow_ok=1; echo "serve: Airflow healthy (metadatabase, scheduler, triggerer, dag-processor)"
+  fi
+  (( mlflow_ok && airflow_ok )) && break
+  sleep 2
+done
+(( mlflow_ok && airflow_ok )) || fail "not healthy after ${TIMEOUT_S}s (mlflow=$mlflow_ok airflow=$airflow_ok): $(health_json)"
+
+cat <<EOF
+serve: stack is up
+  Airflow UI      http://127.0.0.1:$AIRFLOW_PORT   (every user is admin; Carbon page under Browse → Carbon)
+  Carbon page     http://127.0.0.1:$AIRFLOW_PORT/carbonflow/carbon
+  MLflow          http://127.0.0.1:$MLFLOW_PORT
+  REST API token  curl -s http://127.0.0.1:$AIRFLOW_PORT/auth/token
+  environment     source $HOME_DIR/stack.env
+  stop            scripts/stop.sh
+EOF
