@@ -311,11 +311,22 @@ class BatchSizeExplorer:
         untried = self.untried_order()
         if untried and budget_left:
             return untried[0]
+        _, best = self.best_mean()
         candidates = [b for b, arm in self.arms.items() if arm.costs and self._alive(b)]
         if not candidates:
             return self.default_batch_size
+        # Confirmation: an arm seen once and within 2 prior CVs of the best is run once more before it
+        # enters Thompson sampling; an arm seen once and worse than that is dropped.
+        confirm = [
+            (self.arms[b].mean(), b)
+            for b in candidates
+            if len(self.arms[b].costs) == 1 and self.arms[b].mean() <= best * (1 + 2 * self.prior_cv)
+        ]
+        if confirm and budget_left and any(len(self.arms[b].costs) >= 2 for b in candidates):
+            return min(confirm)[1]
+        pool = [b for b in candidates if len(self.arms[b].costs) >= 2] or candidates
         draws = []
-        for b in candidates:
+        for b in pool:
             costs = self.arms[b].costs
             mean = float(np.mean(costs))
             std = float(np.std(costs, ddof=1)) / math.sqrt(len(costs)) if len(costs) >= 2 else self.prior_cv * mean
