@@ -13,7 +13,7 @@ import math
 import statistics
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
@@ -363,7 +363,27 @@ def realised_vs_predicted(
 ) -> list[RealisedVsPredicted]:
     """Every training run of ``job``, one row per recurrence (oldest first), predicted next to realised."""
     views = run_views(job, tracking_uri=tracking_uri, include_spool=include_spool, spool_dir=spool_dir, strict=strict)
-    return [row for row in (_row(job, view) for view in views) if row is not None]
+    return _with_slowdowns([row for row in (_row(job, view) for view in views) if row is not None])
+
+
+def _config_base(config_key: str) -> str:
+    """The configuration key without its co-location group suffix."""
+    return config_key.split("-g")[0]
+
+
+def _with_slowdowns(rows: list[RealisedVsPredicted]) -> list[RealisedVsPredicted]:
+    """Fill ``observed_slowdown`` of co-located runs not carrying one: solo median throughput / own − 1."""
+    solo: dict[str, list[float]] = {}
+    for row in rows:
+        if not row.colocated_with and row.succeeded and row.throughput_samples_per_s:
+            solo.setdefault(_config_base(row.config_key), []).append(row.throughput_samples_per_s)
+    out = []
+    for row in rows:
+        base = solo.get(_config_base(row.config_key))
+        if row.colocated_with and row.observed_slowdown is None and base and row.throughput_samples_per_s:
+            row = replace(row, observed_slowdown=statistics.median(base) / row.throughput_samples_per_s - 1)
+        out.append(row)
+    return out
 
 
 # --- co-location --------------------------------------------------------------------------------
@@ -391,17 +411,12 @@ def _pair_rows(job: str, partner: str, rows: list[RealisedVsPredicted]) -> list[
     solo: dict[str, list[float]] = {}
     for row in rows:
         if not row.colocated_with and row.succeeded and row.throughput_samples_per_s:
-            key = row.config_key.split("-g")[0]
-            solo.setdefault(key, []).append(row.throughput_samples_per_s)
+            solo.setdefault(_config_base(row.config_key), []).append(row.throughput_samples_per_s)
     observations = []
     for row in rows:
         if partner not in row.colocated_with:
             continue
-        base = solo.get(row.config_key.split("-g")[0])
-        solo_tput = statistics.median(base) if base else None
-        slowdown = row.observed_slowdown
-        if slowdown is None and solo_tput and row.throughput_samples_per_s:
-            slowdown = solo_tput / row.throughput_samples_per_s - 1
+        base = solo.get(_config_base(row.config_key))
         observations.append(
             PairObservation(
                 job=job,
@@ -411,8 +426,8 @@ def _pair_rows(job: str, partner: str, rows: list[RealisedVsPredicted]) -> list[
                 finished_at=row.finished_at,
                 config_key=row.config_key,
                 throughput_samples_per_s=row.throughput_samples_per_s,
-                solo_throughput_samples_per_s=solo_tput,
-                observed_slowdown=slowdown,
+                solo_throughput_samples_per_s=statistics.median(base) if base else None,
+                observed_slowdown=row.observed_slowdown,
                 duration_s=row.duration_s,
                 predicted_duration_s=row.predicted_duration_s,
                 energy_total_j=row.energy_total_j,

@@ -168,10 +168,17 @@ def write_record(
     *,
     parent_run_id: str | None = None,
     from_spool: bool = False,
+    experiment_id: str | None = None,
+    known_new: bool = False,
 ) -> tuple[str, str, str | None]:
-    """Write ``record`` (files relative to ``base_dir``); returns (run_id, experiment_id, model_version)."""
-    experiment_id = ensure_experiment(client, record.experiment, uri, record.job)
-    run = find_run_by_key(client, experiment_id, record.idempotency_key)
+    """Write ``record`` (files relative to ``base_dir``); returns (run_id, experiment_id, model_version).
+
+    ``known_new`` skips the idempotency lookup (a nested run of a parent created in this same call).
+    """
+    if experiment_id is None:
+        experiment_id = ensure_experiment(client, record.experiment, uri, record.job)
+    run = None if known_new else find_run_by_key(client, experiment_id, record.idempotency_key)
+    created = run is None
     if run is not None and run.data.tags.get(schema.T_COMPLETE) == "true":
         version = None
         if record.registry is not None:
@@ -200,8 +207,17 @@ def write_record(
     for artifact in record.artifacts:
         client.log_artifact(run_id, str(base_dir / artifact.file), artifact.artifact_path)
     for child in record.children:
-        write_record(client, uri, child, base_dir, parent_run_id=run_id, from_spool=from_spool)
-    version = _register(client, client.get_run(run_id), record)
+        write_record(
+            client,
+            uri,
+            child,
+            base_dir,
+            parent_run_id=run_id,
+            from_spool=from_spool,
+            experiment_id=experiment_id if child.experiment == record.experiment else None,
+            known_new=created,
+        )
+    version = _register(client, run, record) if record.registry is not None else None
     if version is not None:
         client.set_tag(
             run_id,
