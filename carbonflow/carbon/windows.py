@@ -2,10 +2,12 @@
 
 * :func:`mean_intensity_gco2_per_kwh` — time-weighted mean intensity of a series over ``[start, end)``.
 * :func:`choose_start` — the contiguous start in ``[earliest, finish_by - duration]`` with the lowest expected
-  intensity. The robust variant (default) penalises each candidate by the uncertainty of its gain over running
-  at once: forecast error grows with lead time and is correlated between nearby slots (calibrated on real
-  published forecasts, see :mod:`carbonflow.carbon.calibration`), so a later window must beat "run now" by more
-  than ``risk_aversion`` standard deviations of that difference before it is chosen.
+  intensity. The robust variant (default) does not take a far-ahead forecast at face value: forecast error grows
+  with lead time (calibrated on real published forecasts, see :mod:`carbonflow.carbon.calibration`), so each
+  slot's forecast is shrunk toward the recent daily profile (the same hour on the last 7 days of actuals,
+  level-matched to the forecast) in proportion to its error variance against the profile's day-to-day
+  variance — a per-slot Bayesian update. Near slots keep their forecast; far, noisy slots lean on the profile.
+  An optional ``risk_aversion`` also penalises the uncertainty of the gain over running at once.
 * :func:`choose_intervals` — for checkpointable jobs: the cheapest slots (not necessarily contiguous) that add up
   to the duration before ``finish_by``.
 
@@ -25,7 +27,10 @@ from carbonflow.carbon.base import require_utc
 from carbonflow.carbon.calibration import LeadTimeErrorModel, default_error_model
 from carbonflow.models import Forecast, ForecastPoint
 
-DEFAULT_RISK_AVERSION = 0.5
+DEFAULT_RISK_AVERSION = 0.0
+HISTORY_DAYS = 7
+HISTORY_MAX_BACK_DAYS = 14
+_DAY_S = 86400.0
 _COVERED = 0.999
 _MAE_TO_SIGMA = math.sqrt(math.pi / 2.0)
 
@@ -139,6 +144,74 @@ def _sigma_abs(
     return model.sigma_rel(lead_h) * val
 
 
+def robust_penalty(
+    sigma_window: np.ndarray, offset_s: np.ndarray, phi_per_h: float, risk_aversion: float
+) -> np.ndarray:
+    """``risk_aversion`` x the standard deviation of (error of a candidate window - error of running at once).
+
+    ``sigma_window[..., 0]`` is the run-at-once window; errors of windows ``offset_s`` apart are correlated with
+    ``phi_per_h ** hours`` (the calibrated AR(1) correlation), so nearby windows share most of their error and
+    only the part that differs counts against moving. Works on 1-D candidates or (starts x candidates) arrays.
+    """
+    sig0 = sigma_window[..., :1]
+    rho = float(phi_per_h) ** (np.abs(offset_s) / 3600.0)
+    var = sigma_window**2 + sig0**2 - 2.0 * rho * sigma_window * sig0
+    return risk_aversion * np.sqrt(np.maximum(var, 0.0))
+
+
+def daily_profile(
+    slot_start_s: np.ndarray,
+    slot_length_s: np.ndarray,
+    history: Sequence[ForecastPoint],
+    now_s: float,
+    days: int = HISTORY_DAYS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per slot: mean and day-to-day variance of the actuals at the same time on the ``days`` latest days known at
+    ``now_s`` (looking back at most ``HISTORY_MAX_BACK_DAYS``); NaN where fewer than two days are known."""
+    n = len(slot_start_s)
+    nan = np.full(n, np.nan)
+    if not history or n == 0:
+        return nan, nan.copy()
+    x, f, c = _cumulative(*_arrays(history))
+    back = np.arange(1, HISTORY_MAX_BACK_DAYS + 1, dtype=float)
+    s0 = slot_start_s[:, None] - back[None, :] * _DAY_S
+    s1 = s0 + slot_length_s[:, None]
+    mean, cov = _window_stats(x, f, c, s0.ravel(), s1.ravel())
+    mean, cov = mean.reshape(s0.shape), cov.reshape(s0.shape)
+    valid = (s1 <= now_s + 1e-6) & (cov >= _COVERED) & np.isfinite(mean)
+    valid &= np.cumsum(valid, axis=1) <= days
+    return _profile_stats(mean, valid)
+
+
+def _profile_stats(samples: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    count = valid.sum(axis=-1)
+    vals = np.where(valid, samples, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = vals.sum(axis=-1) / count
+        var = (np.where(valid, (samples - mean[..., None]) ** 2, 0.0)).sum(axis=-1) / (count - 1)
+    ok = count >= 2
+    return np.where(ok, mean, np.nan), np.where(ok, var, np.nan)
+
+
+def shrink_toward_profile(
+    forecast: np.ndarray, sigma_abs: np.ndarray, profile: np.ndarray, profile_var: np.ndarray
+) -> np.ndarray:
+    """Posterior intensity per slot (last axis): ``(f V + P' N) / (V + N)`` with N the forecast's error variance
+    and V the profile's day-to-day variance; ``P'`` is the profile shifted to the forecast's mean level over the
+    slots where it is known (only its shape is trusted). Slots without a profile keep the forecast."""
+    known = np.isfinite(profile) & np.isfinite(profile_var)
+    if not known.any():
+        return forecast
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p_level = np.nanmean(np.where(known, profile, np.nan), axis=-1, keepdims=True)
+        f_level = np.nanmean(np.where(known, forecast, np.nan), axis=-1, keepdims=True)
+        shifted = profile - p_level + f_level
+        v = np.maximum(profile_var, 1e-6)
+        n = sigma_abs**2
+        post = (forecast * v + shifted * n) / (v + n)
+    return np.where(known, post, forecast)
+
+
 def _fmt(when: datetime) -> str:
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%MZ")
 
@@ -159,6 +232,26 @@ def _validate(duration_s: float, earliest: datetime, finish_by: datetime, step_s
     return require_utc("earliest", earliest), require_utc("finish_by", finish_by)
 
 
+def _robust_series(
+    forecast: Forecast,
+    t0: np.ndarray,
+    t1: np.ndarray,
+    val: np.ndarray,
+    window: tuple[float, float],
+    history: Sequence[ForecastPoint] | None,
+    error_model: LeadTimeErrorModel | None,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(posterior values, per-slot error sigma, number of slots shrunk) for the slots overlapping ``window``."""
+    sig = _sigma_abs(forecast, t1, val, error_model)
+    if not history:
+        return val, sig, 0
+    sel = (t1 > window[0]) & (t0 < window[1])
+    profile, pvar = daily_profile(t0[sel], t1[sel] - t0[sel], history, forecast.issued_at.timestamp())
+    post = val.copy()
+    post[sel] = shrink_toward_profile(val[sel], sig[sel], profile, pvar)
+    return post, sig, int(np.isfinite(profile).sum())
+
+
 def choose_start(
     forecast: Forecast | None,
     duration_s: float,
@@ -167,6 +260,7 @@ def choose_start(
     *,
     robust: bool = True,
     step_s: float | None = None,
+    history: Sequence[ForecastPoint] | None = None,
     risk_aversion: float = DEFAULT_RISK_AVERSION,
     error_model: LeadTimeErrorModel | None = None,
 ) -> WindowChoice:
@@ -174,15 +268,22 @@ def choose_start(
 
     Candidates are ``earliest``, the latest feasible start and every start where the run begins or ends on a
     slot boundary (the optimum of a piecewise-constant series lies on one), or a grid of ``step_s`` from
-    ``earliest``. Ties go to the earliest start. ``robust`` adds ``risk_aversion`` standard deviations of the
-    forecast error of (candidate - run now), using the forecast's ``error_mae_by_lead_h`` when it has one and
-    the shipped calibration otherwise (``error_model`` overrides both).
+    ``earliest``. Ties go to the earliest start.
+
+    ``robust`` (default) ranks candidates by the forecast shrunk toward the daily profile of ``history`` (recent
+    actuals, e.g. ``ForecastChain.history``) by lead-time error — the forecast's ``error_mae_by_lead_h`` when it
+    has one, the shipped calibration otherwise (``error_model`` overrides both). Without history the forecast is
+    used as is, and the reason says so. ``risk_aversion > 0`` further adds that many standard deviations of the
+    error of (candidate - run at once). ``expected_gco2_per_kwh`` and ``run_now_gco2_per_kwh`` are always the
+    forecast's own numbers.
     """
     earliest, finish_by = _validate(duration_s, earliest, finish_by, step_s)
     latest = finish_by - timedelta(seconds=duration_s)
     if forecast is None or not forecast.points:
         why = "no forecast" if forecast is None else f"forecast from {forecast.provider} has no points"
         return _fallback(earliest, duration_s, f"{why}: starting at once ({_fmt(earliest)})", forecast)
+    if risk_aversion < 0 or not math.isfinite(risk_aversion):
+        raise ValueError(f"risk_aversion={risk_aversion!r} is not allowed; give a number >= 0")
     t0, t1, val = _arrays(forecast.points)
     x, f, c = _cumulative(t0, t1, val)
     e0, lat = earliest.timestamp(), latest.timestamp()
@@ -210,18 +311,18 @@ def choose_start(
             f"{_fmt(finish_by)}: starting at once", forecast, run_now,
         )
     cand, mean = cand[ok], mean[ok]
-    score = mean.copy()
-    if robust and risk_aversion > 0:
+    score = mean
+    shrunk = 0
+    if robust:
         model = error_model or default_error_model()
-        sig = _sigma_abs(forecast, t1, val, error_model)
-        xs, fs, cs = _cumulative(t0, t1, sig)
-        sig_mean, _ = _window_stats(xs, fs, cs, cand, cand + duration_s)
-        ref = cand[0]
-        sig_ref = sig_mean[0]
-        rho = float(model.phi_per_h) ** (np.abs(cand - ref) / 3600.0)
-        var = sig_mean**2 + sig_ref**2 - 2.0 * rho * sig_mean * sig_ref
-        score = mean + risk_aversion * np.sqrt(np.maximum(var, 0.0))
-    best = int(np.flatnonzero(score <= score.min() + 1e-9)[0])
+        post, sig, shrunk = _robust_series(forecast, t0, t1, val, (e0, finish_by.timestamp()), history, error_model)
+        xp, fp, cp = _cumulative(t0, t1, post)
+        score, _ = _window_stats(xp, fp, cp, cand, cand + duration_s)
+        if risk_aversion > 0:
+            xs, fs, cs = _cumulative(t0, t1, sig)
+            sig_mean, _ = _window_stats(xs, fs, cs, cand, cand + duration_s)
+            score = score + robust_penalty(sig_mean, cand - cand[0], model.phi_per_h, risk_aversion)
+    best = int(np.flatnonzero(score <= np.min(score) + 1e-9)[0])
     start = datetime.fromtimestamp(float(cand[best]), UTC)
     expected = float(mean[best])
     note = ""
@@ -229,10 +330,10 @@ def choose_start(
         note = " (the forecast does not cover a run started at once)"
     if start == earliest:
         reason = f"start at once ({_fmt(start)}): {expected:.0f} gCO2/kWh expected, no later start is better"
-        if robust and run_now is not None and float(mean.min()) < expected - 1e-9:
+        if robust and float(mean.min()) < expected - 1e-9:
             reason += (
-                f" by more than the forecast's uncertainty (best forecast {float(mean.min()):.0f} gCO2/kWh "
-                "is within its error)"
+                f" once lead-time error is allowed for (the raw forecast's best, {float(mean.min()):.0f} gCO2/kWh, "
+                "is further ahead and less certain)"
             )
     else:
         wait_h = (start - earliest).total_seconds() / 3600.0
@@ -246,10 +347,13 @@ def choose_start(
     if forecast.replay:
         reason += " (replayed data)"
     if robust:
-        reason += ", robust to lead-time error"
+        reason += (
+            ", robust to lead-time error (shrunk toward the recent daily profile)" if shrunk
+            else ", taken at face value (no recent actuals to check it against)"
+        )
     return WindowChoice(
         start=start, end=start + timedelta(seconds=duration_s), expected_gco2_per_kwh=expected,
-        run_now_gco2_per_kwh=run_now, reason=reason + note, fallback=False, robust=robust,
+        run_now_gco2_per_kwh=run_now, reason=reason + note, fallback=False, robust=robust and shrunk > 0,
         provider=forecast.provider, signal_kind=forecast.signal_kind,
     )
 
@@ -262,19 +366,20 @@ def choose_intervals(
     *,
     robust: bool = True,
     max_intervals: int | None = None,
-    risk_aversion: float = DEFAULT_RISK_AVERSION,
+    history: Sequence[ForecastPoint] | None = None,
     error_model: LeadTimeErrorModel | None = None,
 ) -> IntervalChoice:
     """For a checkpointable job: the lowest-intensity slots adding up to ``duration_s`` before ``finish_by``.
 
-    Slots are ranked by forecast intensity (plus the robust penalty of :func:`choose_start` per slot); ties go
-    to earlier slots; adjacent picks merge into one interval. With more than ``max_intervals`` intervals, or no
-    usable forecast, the job runs contiguously as :func:`choose_start` would, and the reason says so.
+    Slots are ranked by forecast intensity (shrunk toward the recent daily profile when ``robust`` and
+    ``history`` are given, as in :func:`choose_start`); ties go to earlier slots; adjacent picks merge into one
+    interval. With more than ``max_intervals`` intervals, or no usable forecast, the job runs contiguously as
+    :func:`choose_start` would, and the reason says so.
     """
     earliest, finish_by = _validate(duration_s, earliest, finish_by, None)
 
     def contiguous(why: str) -> IntervalChoice:
-        one = choose_start(forecast, duration_s, earliest, finish_by, robust=robust, risk_aversion=risk_aversion,
+        one = choose_start(forecast, duration_s, earliest, finish_by, robust=robust, history=history,
                            error_model=error_model)
         return IntervalChoice(
             intervals=[(one.start, one.end)], expected_gco2_per_kwh=one.expected_gco2_per_kwh,
@@ -288,17 +393,14 @@ def choose_intervals(
     if fb - e0 < duration_s:
         return contiguous("no slack to interrupt the job")
     t0, t1, val = _arrays(forecast.points)
+    score = val
+    if robust:
+        score, _, _ = _robust_series(forecast, t0, t1, val, (e0, fb), history, error_model)
     a, b = np.maximum(t0, e0), np.minimum(t1, fb)
     keep = b > a
     if (b[keep] - a[keep]).sum() < duration_s * _COVERED:
         return contiguous("the forecast does not cover enough slots before finish_by")
-    a, b, v, tt1 = a[keep], b[keep], val[keep], t1[keep]
-    score = v.copy()
-    if robust and risk_aversion > 0:
-        model = error_model or default_error_model()
-        sig = _sigma_abs(forecast, tt1, v, error_model)
-        rho = float(model.phi_per_h) ** (np.abs(a - a[0]) / 3600.0)
-        score = v + risk_aversion * np.sqrt(np.maximum(sig**2 + sig[0] ** 2 - 2 * rho * sig * sig[0], 0.0))
+    a, b, v, score = a[keep], b[keep], val[keep], score[keep]
     order = np.lexsort((a, score))
     need = float(duration_s)
     picked: list[tuple[float, float, float]] = []

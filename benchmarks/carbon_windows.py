@@ -1,0 +1,425 @@
+"""Window choice on real carbon-intensity traces: reduction against run-now and fraction of the oracle's.
+
+    python benchmarks/carbon_windows.py [--trace FILE ...] [--quick] [--seeds N] [--risk-aversion K]
+
+For every trace, jobs of 1, 2 and 4 h with 6, 12 and 24 h of slack are started at every hour of the trace.
+Each start compares the intensity of the chosen window with running at once and with the perfect-foresight
+oracle, under three kinds of forecast:
+
+(a) ``perfect``           the actuals themselves;
+(b) ``calibrated_error``  actuals x (1 + sigma(lead) z), z an AR(1) along the lead time, with sigma and the
+                          correlation measured on real published forecasts (NESO GB, CarbonCast CISO; shipped in
+                          ``carbonflow/carbon/data/error_calibration.json``); one forecast drawn per start and seed;
+(c) ``published``         the forecasts as they were published (NESO fw48h, CarbonCast), where a file has them:
+                          at each start the latest issue at or before it is used.
+
+Each kind is scored for the plain choice (lowest forecast mean) and the robust one (carbonflow's default,
+``choose_start(robust=True)``). Emissions are proportional to the window's mean intensity (same energy), so
+``reduction_vs_run_now = 1 - sum(chosen) / sum(run_now)`` and
+``fraction_of_oracle = (sum(run_now) - sum(chosen)) / (sum(run_now) - sum(oracle))`` over all starts.
+Writes ``benchmarks/results/carbon_windows.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from carbonflow.carbon.calibration import default_error_model  # noqa: E402
+from carbonflow.carbon.replay import NESO_ACTUALS, NESO_FW48H  # noqa: E402
+from carbonflow.carbon.traces import Trace, load_trace  # noqa: E402
+from carbonflow.carbon.windows import (  # noqa: E402
+    DEFAULT_RISK_AVERSION,
+    HISTORY_DAYS,
+    choose_start,
+    robust_penalty,
+    shrink_toward_profile,
+)
+from carbonflow.models import Forecast, ForecastPoint  # noqa: E402
+
+SHARED = Path("/work/shared/data/carbon")
+DEFAULT_TRACES = [
+    SHARED / "lets-wait-awhile" / "ger_ci.csv",
+    SHARED / "lets-wait-awhile" / "gb_ci.csv",
+    SHARED / "lets-wait-awhile" / "fr_ci.csv",
+    SHARED / "electricitymaps-portal" / "US-CAL-CISO_2022_hourly.csv",
+    SHARED / "electricitymaps-portal" / "NO_2022_hourly.csv",
+    SHARED / "electricitymaps-portal" / "BR_2022_hourly.csv",
+]
+PUBLISHED_TRACES = [
+    NESO_FW48H,
+    SHARED / "carboncast-forecast-vs-actual" / "US-CISO_lifecycle_96h_forecast_vs_actual_2021-07-01_to_2021-07-11.csv",
+]
+JOBS_H = (1, 2, 4)
+SLACKS_H = (6, 12, 24)
+OUT = ROOT / "benchmarks" / "results" / "carbon_windows.json"
+
+
+def _window_means(values: np.ndarray, length: int) -> np.ndarray:
+    """Mean of every ``length``-slot window along the last axis (valid windows only)."""
+    csum = np.concatenate([np.zeros((*values.shape[:-1], 1)), np.cumsum(values, axis=-1)], axis=-1)
+    return (csum[..., length:] - csum[..., :-length]) / length
+
+
+def _score(run_now: np.ndarray, chosen: np.ndarray, oracle: np.ndarray) -> dict:
+    rn, ch, orc = float(run_now.sum()), float(chosen.sum()), float(oracle.sum())
+    gain = rn - orc
+    return {
+        "reduction_vs_run_now": round(1.0 - ch / rn, 5),
+        "fraction_of_oracle": round((rn - ch) / gain, 4) if gain > 1e-9 else None,
+        "above_run_now": round(ch / rn - 1.0, 5),
+    }
+
+
+def _choices(
+    fc_windows: np.ndarray, robust_windows: np.ndarray, sig_windows: np.ndarray, slot_h: float,
+    risk_aversion: float, phi: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Plain and robust candidate index per start, ties to the earliest (as ``choose_start``)."""
+    plain = np.argmin(fc_windows, axis=1)
+    score = robust_windows
+    if risk_aversion > 0:
+        offsets_s = np.arange(fc_windows.shape[1]) * slot_h * 3600.0
+        score = score + robust_penalty(sig_windows, offsets_s[None, :], phi, risk_aversion)
+    return plain, np.argmin(score, axis=1)
+
+
+def _profiles(a: np.ndarray, starts: np.ndarray, horizon: int, slot_h: float) -> tuple[np.ndarray, np.ndarray]:
+    """Vectorised ``windows.daily_profile`` on a regular gap-free series: same time on the 7 latest known days."""
+    day = round(24 / slot_h)
+    h = np.arange(horizon)
+    d_min = -(-(h + 1) // day)  # the first day back whose slot has ended by the decision time
+    days = d_min[:, None] + np.arange(HISTORY_DAYS)[None, :]  # horizon x 7
+    idx = starts[:, None, None] + h[None, :, None] - days[None, :, :] * day
+    samples = a[idx]
+    mean = samples.mean(axis=-1)
+    var = samples.var(axis=-1, ddof=1)
+    return mean, var
+
+
+def _regular_actuals(trace: Trace) -> tuple[np.ndarray, pd.DatetimeIndex, float]:
+    series = trace.actuals.interpolate(limit_area="inside").dropna()
+    return series.to_numpy(dtype=float), pd.DatetimeIndex(series.index), trace.slot_s / 3600.0
+
+
+def simulate(trace: Trace, seeds: int, risk_aversion: float, starts_every_h: float = 1.0) -> list[dict]:
+    """Rows for kinds (a) perfect and (b) calibrated error on one trace."""
+    model = default_error_model()
+    a, index, slot_h = _regular_actuals(trace)
+    per_h = round(1.0 / slot_h)
+    max_len = round((max(SLACKS_H) + max(JOBS_H)) / slot_h)
+    step = max(1, round(starts_every_h / slot_h))
+    minutes = index.minute
+    aligned = np.flatnonzero(minutes == 0) if per_h >= 1 else np.arange(len(a))
+    first_ok = (HISTORY_DAYS + 2) * round(24 / slot_h)  # a week of history before the first start
+    starts = aligned[(aligned + max_len <= len(a)) & (aligned >= first_ok)][:: max(1, step // max(per_h, 1))]
+    horizon = np.arange(max_len)
+    actual_mat = a[starts[:, None] + horizon[None, :]]  # starts x horizon slots
+    lead_h = (horizon + 1) * slot_h
+    sigma_rel = model.sigma_rel(lead_h)
+    profile, profile_var = _profiles(a, starts, max_len, slot_h)
+    forecasts = []
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed + 1000 * len(trace.name))
+        forecasts.append(model.sample(actual_mat, lead_h, slot_h, rng))
+    rows = []
+    for job_h in JOBS_H:
+        length = round(job_h / slot_h)
+        for slack_h in SLACKS_H:
+            n_cand = round(slack_h / slot_h) + 1
+            span = n_cand + length - 1
+            act_w = _window_means(actual_mat[:, :span], length)
+            run_now, oracle = act_w[:, 0], act_w.min(axis=1)
+            pick = np.arange(len(starts))
+            # (a) perfect forecasts: plain = oracle; robust still shrinks by the calibrated error, as in production
+            def robust_w(fc: np.ndarray, span: int = span, length: int = length) -> tuple[np.ndarray, np.ndarray]:
+                sig = fc[:, :span] * sigma_rel[None, :span]
+                post = shrink_toward_profile(fc[:, :span], sig, profile[:, :span], profile_var[:, :span])
+                return _window_means(post, length), _window_means(sig, length)
+
+            rob_w, sig_w = robust_w(actual_mat)
+            pa, ra = _choices(act_w, rob_w, sig_w, slot_h, risk_aversion, model.phi_per_h)
+            perfect = {**_score(run_now, act_w[pick, pa], oracle),
+                       **{f"robust_{k}": v for k, v in _score(run_now, act_w[pick, ra], oracle).items()}}
+            # (b) calibrated lead-time error
+            plain_ch, robust_ch = [], []
+            for fc in forecasts:
+                fc_w = _window_means(fc[:, :span], length)
+                rob_w, sig_w = robust_w(fc)
+                pb, rb = _choices(fc_w, rob_w, sig_w, slot_h, risk_aversion, model.phi_per_h)
+                plain_ch.append(act_w[pick, pb])
+                robust_ch.append(act_w[pick, rb])
+            rn_all = np.tile(run_now, seeds)
+            or_all = np.tile(oracle, seeds)
+            noisy = {
+                **_score(rn_all, np.concatenate(plain_ch), or_all),
+                **{f"robust_{k}": v for k, v in _score(rn_all, np.concatenate(robust_ch), or_all).items()},
+            }
+            rows.append(
+                {
+                    "trace": trace.name,
+                    "region": trace.region,
+                    "signal_kind": trace.signal_kind,
+                    "job_h": job_h,
+                    "slack_h": slack_h,
+                    "n_starts": len(starts),
+                    "seeds": seeds,
+                    "oracle_reduction": _score(run_now, oracle, oracle)["reduction_vs_run_now"],
+                    "perfect": perfect,
+                    "calibrated_error": noisy,
+                    "published": None,
+                }
+            )
+    return rows
+
+
+def _history_points(series: pd.Series, slot_s: float) -> list[ForecastPoint]:
+    series = series.dropna()
+    return [ForecastPoint(start=ts.to_pydatetime().astimezone(UTC), length_s=slot_s, gco2_per_kwh=max(0.0, float(v)))
+            for ts, v in series.items()]
+
+
+def published(trace: Trace, risk_aversion: float) -> dict[tuple[int, int], dict]:
+    """(c): ``choose_start`` itself on the forecasts as published (latest issue at or before each hourly start),
+    with the trace's recorded actuals as history (only those ended by the issue time are used)."""
+    assert trace.forecasts is not None
+    slot_h = trace.slot_s / 3600.0
+    actual = trace.actuals
+    history = _history_points(actual, trace.slot_s)
+    fc = trace.forecasts
+    issues = sorted(fc["issued_at"].unique())
+    out: dict[tuple[int, int], dict] = {}
+    acc: dict[tuple[int, int], dict[str, list[float]]] = {}
+    shrunk = 0
+    for i, issue in enumerate(issues):
+        rows = fc[fc["issued_at"] == issue].sort_values("start")
+        issued = pd.Timestamp(issue).to_pydatetime().astimezone(UTC)
+        nxt = issues[i + 1] if i + 1 < len(issues) else issue + pd.Timedelta(hours=24)
+        for now in pd.date_range(pd.Timestamp(issue).ceil("h"), nxt, freq="h", inclusive="left"):
+            sel = rows[rows["start"] >= now]
+            points = [ForecastPoint(start=t.to_pydatetime().astimezone(UTC), length_s=trace.slot_s,
+                                    gco2_per_kwh=max(0.0, float(v)))
+                      for t, v in zip(sel["start"], sel["gco2_per_kwh"], strict=True)]
+            forecast = Forecast(region=trace.region, provider=trace.name, signal_kind=trace.signal_kind,
+                                issued_at=issued, points=points, replay=True)
+            t_now = now.to_pydatetime().astimezone(UTC)
+            for job_h in JOBS_H:
+                length = round(job_h / slot_h)
+                for slack_h in SLACKS_H:
+                    span = round(slack_h / slot_h) + length
+                    if len(sel) < span:
+                        continue
+                    act = actual.reindex(pd.DatetimeIndex(sel["start"][:span])).to_numpy(dtype=float)
+                    if np.isnan(act).any():
+                        continue
+                    act_w = _window_means(act[None, :], length)[0]
+                    finish_by = t_now + timedelta(hours=job_h + slack_h)
+                    plain = choose_start(forecast, job_h * 3600, t_now, finish_by, robust=False)
+                    rob = choose_start(forecast, job_h * 3600, t_now, finish_by, history=history,
+                                       risk_aversion=risk_aversion)
+                    shrunk += int(rob.robust)
+                    k_p = round((plain.start - t_now).total_seconds() / trace.slot_s)
+                    k_r = round((rob.start - t_now).total_seconds() / trace.slot_s)
+                    slot = acc.setdefault((job_h, slack_h), {"rn": [], "orc": [], "pc": [], "rc": []})
+                    slot["rn"].append(act_w[0])
+                    slot["orc"].append(act_w.min())
+                    slot["pc"].append(act_w[k_p])
+                    slot["rc"].append(act_w[k_r])
+    for key, v in acc.items():
+        rn_a, orc_a = np.array(v["rn"]), np.array(v["orc"])
+        out[key] = {
+            "n_starts": len(rn_a),
+            "oracle_reduction": _score(rn_a, orc_a, orc_a)["reduction_vs_run_now"],
+            **_score(rn_a, np.array(v["pc"]), orc_a),
+            **{f"robust_{k}": val for k, val in _score(rn_a, np.array(v["rc"]), orc_a).items()},
+        }
+    total = sum(len(v["rn"]) for v in acc.values())
+    for value in out.values():
+        value["robust_history_used_fraction"] = round(shrunk / total, 3) if total else None
+    return out
+
+
+def check_against_choose_start(trace: Trace, risk_aversion: float, n: int = 5) -> int:
+    """Assert the vectorised robust choice equals ``choose_start`` on a few synthetic forecasts; returns checks run."""
+    model = default_error_model()
+    a, index, slot_h = _regular_actuals(trace)
+    rng = np.random.default_rng(7)
+    day = round(24 / slot_h)
+    aligned = np.flatnonzero(index.minute == 0)
+    aligned = aligned[(aligned >= (HISTORY_DAYS + 2) * day) & (aligned < len(a) - 2 * day)]
+    checks = 0
+    for i in rng.choice(aligned, size=n, replace=False):
+        job_h, slack_h = 2, 12
+        length = round(job_h / slot_h)
+        span = round(slack_h / slot_h) + length
+        lead = (np.arange(span) + 1) * slot_h
+        f = model.sample(a[None, i : i + span], lead, slot_h, rng)
+        now = index[i].to_pydatetime().astimezone(UTC)
+        points = [ForecastPoint(start=now + timedelta(hours=k * slot_h), length_s=trace.slot_s, gco2_per_kwh=v)
+                  for k, v in enumerate(f[0])]
+        forecast = Forecast(region=trace.region, provider="bench", signal_kind=trace.signal_kind, issued_at=now,
+                            points=points)
+        hist = pd.Series(a[i - 15 * day: i], index=index[i - 15 * day: i])
+        choice = choose_start(forecast, job_h * 3600, now, now + timedelta(hours=job_h + slack_h),
+                              history=_history_points(hist, trace.slot_s), risk_aversion=risk_aversion)
+        profile, pvar = _profiles(a, np.array([i]), span, slot_h)
+        sig = f * model.sigma_rel(lead)[None, :]
+        post = shrink_toward_profile(f, sig, profile, pvar)
+        _, r = _choices(_window_means(f, length), _window_means(post, length), _window_means(sig, length), slot_h,
+                        risk_aversion, model.phi_per_h)
+        expected = now + timedelta(hours=float(r[0]) * slot_h)
+        assert choice.start == expected, (trace.name, now, choice.start, expected)
+        checks += 1
+    return checks
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", action="append", type=Path, help="CSV trace (repeatable); default: 6 shared traces")
+    parser.add_argument("--seeds", type=int, default=3, help="forecast draws per start for kind (b)")
+    parser.add_argument("--risk-aversion", type=float, default=DEFAULT_RISK_AVERSION)
+    parser.add_argument("--quick", action="store_true", help="one seed, starts every 3 h")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    t0 = time.time()
+    seeds = 1 if args.quick else args.seeds
+    every_h = 3.0 if args.quick else 1.0
+    paths = args.trace or [p for p in DEFAULT_TRACES if p.exists()]
+    published_paths = [] if args.trace else [p for p in PUBLISHED_TRACES if p.exists()]
+    rows: list[dict] = []
+    checks = 0
+    for path in paths:
+        trace = load_trace(path)
+        checks += check_against_choose_start(trace, args.risk_aversion)
+        rows.extend(simulate(trace, seeds, args.risk_aversion, every_h))
+        if trace.has_forecasts:
+            pub = published(trace, args.risk_aversion)
+            for row in rows:
+                if row["trace"] == trace.name and (row["job_h"], row["slack_h"]) in pub:
+                    row["published"] = pub[(row["job_h"], row["slack_h"])]
+    for path in published_paths:
+        trace = load_trace(path)
+        if path == NESO_FW48H:
+            trace = load_trace(NESO_ACTUALS).merge(trace)
+            trace.name = "neso-gb-2023-03"
+        pub = published(trace, args.risk_aversion)
+        for (job_h, slack_h), value in sorted(pub.items()):
+            rows.append({
+                "trace": trace.name, "region": trace.region, "signal_kind": trace.signal_kind, "job_h": job_h,
+                "slack_h": slack_h, "n_starts": value["n_starts"], "seeds": 0,
+                "oracle_reduction": value["oracle_reduction"], "perfect": None, "calibrated_error": None,
+                "published": value,
+            })
+
+    summary = summarise(rows)
+    doc = {
+        "benchmark": "carbon_windows",
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": "python benchmarks/carbon_windows.py" + (" --quick" if args.quick else ""),
+        "risk_aversion": args.risk_aversion,
+        "error_model": default_error_model().__dict__,
+        "seeds": seeds,
+        "start_every_h": every_h,
+        "vectorised_vs_choose_start_checks": checks,
+        "rows": rows,
+        "summary": summary,
+        "runtime_s": round(time.time() - t0, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print_table(rows, summary)
+    print(f"\nwrote {args.out} in {doc['runtime_s']} s")
+    return doc
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Per trace: the mean over job x slack of each kind's fractions, and the targets."""
+    per_trace: dict[str, dict] = {}
+    for name in dict.fromkeys(r["trace"] for r in rows):
+        sel = [r for r in rows if r["trace"] == name]
+        entry: dict[str, float | None] = {"oracle_reduction": float(np.mean([r["oracle_reduction"] for r in sel]))}
+        for kind in ("perfect", "calibrated_error", "published"):
+            vals = [r[kind] for r in sel if r.get(kind)]
+            for key in (
+                "reduction_vs_run_now",
+                "fraction_of_oracle",
+                "robust_reduction_vs_run_now",
+                "robust_fraction_of_oracle",
+                "robust_above_run_now",
+            ):
+                xs = [v[key] for v in vals if v.get(key) is not None]
+                entry[f"{kind}.{key}"] = round(float(np.mean(xs)), 4) if xs else None
+            if kind == "calibrated_error":
+                xs = [v["robust_above_run_now"] for v in vals]
+                entry[f"{kind}.robust_worst_above_run_now"] = round(float(np.max(xs)), 5) if xs else None
+        per_trace[name] = entry
+    fracs = [
+        e["calibrated_error.robust_fraction_of_oracle"]
+        for e in per_trace.values()
+        if e["calibrated_error.robust_fraction_of_oracle"] is not None
+    ]
+    above = [
+        e["calibrated_error.robust_above_run_now"]
+        for e in per_trace.values()
+        if e["calibrated_error.robust_above_run_now"] is not None
+    ]
+    mean_frac = round(float(np.mean(fracs)), 4) if fracs else None
+    worst_above = round(float(np.max(above)), 5) if above else None
+    return {
+        "per_trace": per_trace,
+        "robust_fraction_of_oracle_mean_over_traces": mean_frac,
+        "robust_worst_trace_above_run_now": worst_above,
+        "target_fraction_met": bool(mean_frac is not None and mean_frac >= 0.85),
+        "target_never_above_run_now_by_1pct_met": bool(worst_above is not None and worst_above <= 0.01),
+    }
+
+
+def print_table(rows: list[dict], summary: dict) -> None:
+    def pct(x: float | None) -> str:
+        return "     -" if x is None else f"{x * 100:6.1f}"
+
+    def frac(x: float | None) -> str:
+        return "    -" if x is None else f"{x:5.2f}"
+
+    head = (f"{'trace':<28}{'job':>4}{'slack':>6}{'oracle%':>8} | {'perf%':>6}{'rob%':>6} | "
+            f"{'err%':>6}{'frac':>6}{'rob%':>6}{'rfrac':>6} | {'pub%':>6}{'frac':>6}{'rob%':>6}{'rfrac':>6}")
+    print("reductions vs run-now (%) and fraction of the oracle's reduction; perf = perfect forecast, "
+          "err = calibrated lead-time error, pub = published forecasts; rob = carbonflow's robust choice")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        p, e, u = r["perfect"] or {}, r["calibrated_error"] or {}, r["published"] or {}
+        print(f"{r['trace'][:27]:<28}{r['job_h']:>3}h{r['slack_h']:>5}h{pct(r['oracle_reduction']):>8} | "
+              f"{pct(p.get('reduction_vs_run_now'))}{pct(p.get('robust_reduction_vs_run_now'))} | "
+              f"{pct(e.get('reduction_vs_run_now'))} {frac(e.get('fraction_of_oracle'))}"
+              f"{pct(e.get('robust_reduction_vs_run_now'))} {frac(e.get('robust_fraction_of_oracle'))} | "
+              f"{pct(u.get('reduction_vs_run_now'))} {frac(u.get('fraction_of_oracle'))}"
+              f"{pct(u.get('robust_reduction_vs_run_now'))} {frac(u.get('robust_fraction_of_oracle'))}")
+    print("\nper trace, mean over job x slack (calibrated lead-time error unless marked published):")
+    for name, e in summary["per_trace"].items():
+        print(f"  {name[:40]:<41} oracle {pct(e['oracle_reduction'])} %"
+              f"  robust {pct(e['calibrated_error.robust_reduction_vs_run_now'])} %"
+              f"  fraction {frac(e['calibrated_error.robust_fraction_of_oracle'])}"
+              f" (plain {frac(e['calibrated_error.fraction_of_oracle'])})"
+              f"  worst vs run-now {pct(e['calibrated_error.robust_worst_above_run_now'])} %"
+              f"  | published fraction robust {frac(e['published.robust_fraction_of_oracle'])}"
+              f" plain {frac(e['published.fraction_of_oracle'])}")
+    print(f"\nrobust fraction of oracle under calibrated error, mean over traces: "
+          f"{summary['robust_fraction_of_oracle_mean_over_traces']} "
+          f"(target >= 0.85: {'met' if summary['target_fraction_met'] else 'NOT met'}); worst trace vs run-now: "
+          f"{summary['robust_worst_trace_above_run_now']} (target <= 0.01: "
+          f"{'met' if summary['target_never_above_run_now_by_1pct_met'] else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()
