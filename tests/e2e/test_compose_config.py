@@ -45,7 +45,8 @@ def test_compose_config_is_valid():
 
 def test_default_stack_services_and_wiring():
     cfg = _config()
-    services = cfg["services"]
+    services = {k: v for k, v in cfg["services"].items() if not v.get("profiles")}  # the default stack
+    assert {k for k, v in cfg["services"].items() if v.get("profiles") == ["gpu"]} == {"zeusd", "airflow-scheduler-gpu"}
     assert set(services) == {"postgres", "mlflow", "airflow-init", "airflow-apiserver", "airflow-scheduler",
                              "airflow-dag-processor", "airflow-triggerer"}
     for name in ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"):
