@@ -5,9 +5,12 @@ uses. It
 
 1. validates ``limit_w`` against every GPU's constraints before touching anything (ValueError
    naming the value and the allowed range);
-2. reads every GPU's current limit and writes a *restore journal* (JSON, written atomically)
+2. first repairs what a crashed run left behind (journals of dead processes naming these GPUs),
+   then reads every GPU's current limit and writes a *restore journal* (JSON, written atomically)
    before changing any limit, so that a later process can restore after a crash of the wrapper
-   itself (``restore_from_journal`` / ``python -m carbonflow.energy.power_limit restore PATH``);
+   itself (``restore_from_journal`` / ``python -m carbonflow.energy.power_limit restore [PATH]``,
+   or simply the next run on those GPUs). Simulated GPUs need no journal (their limit lives and
+   dies with the wrapper process);
 3. sets the limit on every GPU; if a GPU refuses (no permission, not supported) the limits already
    set are put back, the run continues at the current limits and the outcome says
    ``"power limit not applied: <reason>"``;
@@ -32,6 +35,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -197,21 +201,32 @@ def applied_power_limit(
         yield outcome
         return
 
+    journal_dir = Path(journal_path).parent if journal_path else default_journal_dir()
+    # A wrapper that crashed (SIGKILL, power loss) left its journal: put those limits back first, or the
+    # lowered limit would be read below as "previous" and kept forever.
+    outcome.notes.extend(repair_from_stale_journals(journal_dir, settable, retries, retry_delay_s))
     previous = {dev.id: dev.power_limit_w() for dev in settable}
     outcome.previous_w = dict(previous)
-    journal = Path(journal_path) if journal_path else default_journal_dir() / f"{JOURNAL_PREFIX}{os.getpid()}.json"
-    _write_json_atomic(
-        journal,
-        {
-            "pid": os.getpid(),
-            "created_at": datetime.now(UTC).isoformat(),
-            "requested_w": limit_w,
-            "devices": [
-                {"id": d.id, "model": d.model, "label": d.label, "previous_w": previous[d.id]} for d in settable
-            ],
-        },
-    )
-    outcome.journal_path = str(journal)
+    journal: Path | None = None
+    durable = [d for d in settable if d.label != "simulated"]  # a simulated GPU's limit dies with its process
+    if durable:
+        journal = (
+            Path(journal_path)
+            if journal_path
+            else journal_dir / f"{JOURNAL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+        )
+        _write_json_atomic(
+            journal,
+            {
+                "pid": os.getpid(),
+                "created_at": datetime.now(UTC).isoformat(),
+                "requested_w": limit_w,
+                "devices": [
+                    {"id": d.id, "model": d.model, "label": d.label, "previous_w": previous[d.id]} for d in durable
+                ],
+            },
+        )
+        outcome.journal_path = str(journal)
     restorer = _Restorer(settable, previous, journal, retries, retry_delay_s, outcome)
 
     old_handlers: dict[int, Any] = {}
@@ -301,6 +316,60 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _journal_is_stale(path: Path) -> bool:
+    try:
+        pid = int(json.loads(path.read_text()).get("pid", -1))
+    except (OSError, ValueError, AttributeError):
+        return True
+    return not (pid > 0 and _pid_alive(pid))
+
+
+def repair_from_stale_journals(
+    directory: str | Path, devices: Sequence[Device], retries: int = 3, retry_delay_s: float = 0.2
+) -> list[str]:
+    """Restore limits recorded by crashed runs for the given devices; returns notes saying what was done.
+
+    Entries for devices not given are kept in the journal (rewritten) for whoever owns those GPUs.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    by_id = {d.id: d for d in devices}
+    notes: list[str] = []
+    for path in sorted(directory.glob(f"{JOURNAL_PREFIX}*.json")):
+        if not _journal_is_stale(path):
+            continue
+        try:
+            data = json.loads(path.read_text())
+            entries = list(data["devices"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.error("ignoring unreadable power-limit journal %s: %s", path, exc)
+            continue
+        remaining = []
+        for entry in entries:
+            dev = by_id.get(entry.get("id"))
+            if dev is None:
+                remaining.append(entry)
+                continue
+            err = _set_with_retries(dev, float(entry["previous_w"]), retries, retry_delay_s)
+            if err is None:
+                notes.append(
+                    f"restored {dev.describe()} to {float(entry['previous_w']):g} W left lowered by a crashed run "
+                    f"(journal {path.name})"
+                )
+            else:
+                remaining.append(entry)
+                msg = f"could not restore {dev.describe()} from crashed run's journal {path}: {err}"
+                logger.critical(msg)
+                notes.append(msg)
+        if remaining:
+            data["devices"] = remaining
+            _write_json_atomic(path, data)
+        else:
+            path.unlink(missing_ok=True)
+    return notes
+
+
 def restore_stale_journals(
     directory: str | Path | None = None, devices: Sequence[Device] | None = None
 ) -> dict[str, dict[str, float]]:
@@ -308,13 +377,8 @@ def restore_stale_journals(
     directory = Path(directory) if directory else default_journal_dir()
     out: dict[str, dict[str, float]] = {}
     for path in sorted(directory.glob(f"{JOURNAL_PREFIX}*.json")):
-        try:
-            pid = int(json.loads(path.read_text()).get("pid", -1))
-        except (OSError, ValueError):
-            pid = -1
-        if pid > 0 and pid != os.getpid() and _pid_alive(pid):
-            continue
-        out[str(path)] = restore_from_journal(path, devices)
+        if _journal_is_stale(path):
+            out[str(path)] = restore_from_journal(path, devices)
     return out
 
 

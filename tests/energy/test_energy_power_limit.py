@@ -138,12 +138,44 @@ def test_restore_from_journal_missing_gpu_raises(fake_nvml, tmp_path):
     assert path.exists()
 
 
+def test_next_run_repairs_what_a_crashed_run_left(fake_nvml, journal_dir):
+    fake_nvml.setup([{}, {}, {"limit_mw": 250000}])
+    gpus = nvml_devices()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    journal_dir.mkdir(parents=True)
+    stale = journal_dir / f"power-limit-journal-{dead.pid}-deadbeef.json"
+    entries = [{"id": g.id, "previous_w": w} for g, w in zip(gpus, (300, 300, 250), strict=True)]
+    entries.append({"id": "GPU-on-another-run", "previous_w": 200})
+    stale.write_text(json.dumps({"pid": dead.pid, "devices": entries}))
+    for g in gpus:  # what the crashed run left: lowered limits
+        g.set_power_limit_w(150)
+    with applied_power_limit(gpus[:2], 200) as outcome:
+        assert outcome.previous_w == {gpus[0].id: 300.0, gpus[1].id: 300.0}
+        assert sum("crashed run" in n for n in outcome.notes) == 2
+    assert fake_nvml.limits_mw() == [300000, 300000, 150000]
+    left = json.loads(stale.read_text())["devices"]  # entries for GPUs not in this run are kept
+    assert [e["id"] for e in left] == [gpus[2].id, "GPU-on-another-run"]
+
+
+def test_live_process_journal_is_left_alone(fake_nvml, journal_dir):
+    fake_nvml.setup([{}])
+    (gpu,) = nvml_devices()
+    journal_dir.mkdir(parents=True)
+    live = journal_dir / f"power-limit-journal-{os.getppid()}-00000000.json"
+    live.write_text(json.dumps({"pid": os.getppid(), "devices": [{"id": gpu.id, "previous_w": 120}]}))
+    with applied_power_limit([gpu], 200) as outcome:
+        assert outcome.previous_w == {gpu.id: 300.0}
+    assert live.exists() and fake_nvml.limits_mw() == [300000]
+
+
 def test_simulated_gpus_restored(journal_dir):
     gpus = [SimulatedGpu(SimulatedGpuSpec(gpu_model="A40"), index=i) for i in range(2)]
     with applied_power_limit(gpus, 150) as outcome:
         assert [g.power_limit_w() for g in gpus] == [150, 150]
         assert gpus[0].slowdown_factor() > 1
     assert outcome.applied and [g.power_limit_w() for g in gpus] == [300, 300]
+    assert outcome.journal_path is None  # nothing outlives the process for a simulated GPU
 
 
 # ---- across processes: the wrapper-like driver with the fake driver state shared through a file ----
