@@ -19,7 +19,7 @@ from carbonflow.carbon.base import ForecastProvider, NotConfigured, ProviderErro
 from carbonflow.carbon.fallbacks import ClimatologyProvider, StaticProvider
 from carbonflow.carbon.regions import ResolvedRegion, resolve_region
 from carbonflow.carbon.replay import ReplayProvider
-from carbonflow.models import Forecast, SignalKind
+from carbonflow.models import Forecast, ForecastPoint, SignalKind
 
 log = logging.getLogger(__name__)
 DEFAULT_ORDER = ("neso", "electricitymaps", "watttime", "carbon-aware-sdk", "replay", "climatology", "static")
@@ -93,6 +93,40 @@ class ForecastChain:
             return list(self.providers)
         by_key = {provider_key(p): p for p in self.providers}
         return [by_key[n] for n in names]
+
+    def history(self, region: str, start: datetime, end: datetime) -> list[ForecastPoint]:
+        """Recent actuals for ``region`` from the first provider that has them (replay, NESO, Electricity Maps).
+
+        Used by the robust window choice (``choose_start(..., history=...)``). Never raises for provider
+        failures: returns ``[]`` (the choice then takes the forecast at face value and says so).
+        """
+        resolved = resolve_region(region)
+        start = require_utc("start", start)
+        end = require_utc("end", end)
+        secrets = self._secrets()
+        for provider in self.providers_for(resolved):
+            fetch = getattr(provider, "actuals", None) or getattr(provider, "history", None)
+            if not callable(fetch) or isinstance(provider, ClimatologyProvider):
+                continue
+            zone = zone_for(provider, resolved)
+            if zone is None:
+                continue
+            if provider_key(provider) == "neso":
+                zone = "national" if zone == "national" else None
+                if zone is None:
+                    continue
+            try:
+                points = fetch(zone, start, end)
+            except NotConfigured:
+                continue
+            except Exception as exc:  # history is optional: never fail the caller
+                log.warning("carbon history from %s for %s unavailable: %s", provider.name, resolved.name,
+                            redact(f"{exc}", secrets))
+                continue
+            points = [p for p in points if p.end > start and p.start < end]
+            if points:
+                return points
+        return []
 
     def forecast(self, region: str, start: datetime, end: datetime, now: datetime | None = None) -> Forecast:
         """The best forecast for ``region`` covering ``[start, end)`` as known at ``now`` (default: ``start``).

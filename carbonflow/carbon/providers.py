@@ -192,9 +192,10 @@ class _HttpProvider:
 
     def _json(self, response: requests.Response, what: str) -> Any:
         if response.status_code >= 400:
-            raise ProviderUnavailable(
-                f"{self.name}: HTTP {response.status_code} for {what}: {_error_text(response)}"
-            )
+            text = _error_text(response)
+            for secret in sorted((s for s in self.secrets() if s), key=len, reverse=True):
+                text = text.replace(secret, "***")  # a server may echo a key back; never pass it on
+            raise ProviderUnavailable(f"{self.name}: HTTP {response.status_code} for {what}: {text}")
         if response.status_code == 204 or not response.content:
             raise ProviderUnavailable(f"{self.name}: empty answer (HTTP {response.status_code}) for {what}")
         try:
