@@ -28,10 +28,12 @@ intensity point covers, and the result says so.
 
 from __future__ import annotations
 
+import csv
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 from carbonflow.energy.device import Device
 from carbonflow.energy.monitor import Measurement
@@ -234,3 +236,72 @@ def codecarbon_annual_average_gco2_per_kwh(country: str) -> float:
             f"country={country!r} has no codecarbon annual average; use an ISO 3166 country code such as GB or DEU"
         )
     return float(mix[code]["carbon_intensity"])
+
+
+def energy_intervals_from_measurement(measurement: Measurement) -> list[tuple[datetime, datetime, float]]:
+    """One interval covering the window with all its energy (spread evenly over it by ``emissions_g``)."""
+    return [(measurement.start_utc, measurement.end_utc, measurement.total_j)]
+
+
+def energy_intervals_from_trace(
+    csv_path: str | Path, device_ids: Sequence[str] | None = None
+) -> list[tuple[datetime, datetime, float]]:
+    """Intervals (start_utc, end_utc, energy_j) between successive samples of a ``PowerSampler`` trace.
+
+    Energy is the counter difference of each device between two of its samples (never negative),
+    summed over devices (optionally only ``device_ids``), so emissions follow the power over time.
+    """
+    last: dict[str, tuple[datetime, float]] = {}
+    buckets: dict[tuple[datetime, datetime], float] = {}
+    wanted = set(device_ids) if device_ids is not None else None
+    with Path(csv_path).open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            dev = row["device_id"]
+            if wanted is not None and dev not in wanted:
+                continue
+            t = datetime.fromisoformat(row["timestamp_utc"])
+            energy = float(row["energy_j"])
+            if dev in last:
+                t0, e0 = last[dev]
+                if t > t0:
+                    key = (t0, t)
+                    buckets[key] = buckets.get(key, 0.0) + max(0.0, energy - e0)
+            last[dev] = (t, energy)
+    return [(a, b, e) for (a, b), e in sorted(buckets.items())]
+
+
+def merge_measurements(measurements: Sequence[Measurement]) -> tuple[dict[str, float], dict[str, str], list[str]]:
+    """One total per run from several containers' measurements, each device counted once.
+
+    Containers on one node all measure that node's CPU (and may list the same GPU). A device seen in
+    several measurements whose windows overlap is counted from the measurement with the most energy
+    for it (the widest view of the same counter); disjoint windows add up. Returns
+    (energy per device id, label per device id, notes).
+    """
+    per_dev: dict[str, list[tuple[datetime, datetime, float]]] = {}
+    labels: dict[str, str] = {}
+    for m in measurements:
+        for dev, energy in m.energy_j.items():
+            per_dev.setdefault(dev, []).append((m.start_utc, m.end_utc, energy))
+            labels[dev] = m.labels[dev]
+    totals: dict[str, float] = {}
+    notes: list[str] = []
+    for dev, spans in per_dev.items():
+        spans.sort()
+        total = 0.0
+        group_end: datetime | None = None
+        group_max = 0.0
+        merged = 0
+        for start, end, energy in spans:
+            if group_end is not None and start < group_end:  # overlaps the current group: same counter
+                group_max = max(group_max, energy)
+                group_end = max(group_end, end)
+                merged += 1
+            else:
+                total += group_max
+                group_end, group_max = end, energy
+        total += group_max
+        totals[dev] = total
+        if merged:
+            notes.append(f"device {dev} was measured by {merged + 1} overlapping containers: counted once")
+    return totals, labels, notes

@@ -123,3 +123,41 @@ def test_codecarbon_annual_average_fallback():
     assert codecarbon_annual_average_gco2_per_kwh("US-CAL-CISO") > 0
     with pytest.raises(ValueError, match="country='XX'"):
         codecarbon_annual_average_gco2_per_kwh("XX")
+
+
+def test_trace_intervals_follow_power_over_time(tmp_path):
+    from carbonflow.energy.accounting import energy_intervals_from_trace
+
+    path = tmp_path / "trace.csv"
+    rows = ["timestamp_utc,device_id,label,power_w,energy_j"]
+    # GPU draws 1 kWh in the first half hour, nothing in the second; the CPU 0.5 kWh in each
+    for t, gpu_j, cpu_j in ((0, 0, 0), (30, 3.6e6, 1.8e6), (60, 3.6e6, 3.6e6)):
+        stamp = (T0 + timedelta(minutes=t)).isoformat()
+        rows += [f"{stamp},GPU-a,measured,0,{gpu_j}", f"{stamp},CPU-b,estimated,0,{cpu_j}"]
+    path.write_text("\n".join(rows) + "\n")
+    intervals = energy_intervals_from_trace(path)
+    assert [e for _, _, e in intervals] == [pytest.approx(5.4e6), pytest.approx(1.8e6)]
+    assert emissions_g(intervals, _points(100, 300)) == pytest.approx(1.5 * 100 + 0.5 * 300)
+    gpu_only = energy_intervals_from_trace(path, device_ids=["GPU-a"])
+    assert emissions_g(gpu_only, _points(100, 300)) == pytest.approx(100)
+
+
+def test_merge_measurements_counts_shared_devices_once():
+    from carbonflow.energy.accounting import merge_measurements
+    from carbonflow.energy.monitor import Measurement
+
+    def m(start_min, end_min, energies):
+        return Measurement(
+            name="run", start_utc=T0 + timedelta(minutes=start_min), end_utc=T0 + timedelta(minutes=end_min),
+            elapsed_s=(end_min - start_min) * 60, energy_j=energies,
+            labels={k: ("estimated" if k.startswith("CPU") else "measured") for k in energies},
+        )  # fmt: skip
+
+    # two containers on one node, each with its own GPU, both seeing the node's CPU
+    pod_a = m(0, 10, {"GPU-0": 1000.0, "CPU-node": 300.0})
+    pod_b = m(1, 11, {"GPU-1": 900.0, "CPU-node": 310.0})
+    later = m(20, 25, {"GPU-0": 100.0})
+    totals, labels, notes = merge_measurements([pod_a, pod_b, later])
+    assert totals == {"GPU-0": 1100.0, "CPU-node": 310.0, "GPU-1": 900.0}
+    assert labels["CPU-node"] == "estimated"
+    assert notes == ["device CPU-node was measured by 2 overlapping containers: counted once"]
