@@ -22,8 +22,8 @@ reach the target (or is early-stopped) is paid for and retried within the recurr
 
 What carbonflow pays for its knowledge (nothing is free):
 * power-limit profiling: JIT in the first epoch of a new batch size as Zeus does, a window per limit of
-  carbonflow's profile budget (35 steps, at most Zeus's 1/|P| of an epoch), from the highest limit down and
-  stopping after two limits worse than the best so far (the profiler prunes dominated configurations); the
+  carbonflow's profile budget (35 steps, at most Zeus's 1/|P| of an epoch) at every limit (pruning after
+  two worse limits was tried and dropped: the traces' cost curves have plateaus that hide the optimum); the
   profiled steps count as training, the rest of that epoch runs at the chosen limit;
 * with batch size: a one-off profiling pass before recurrence 1 over every feasible batch size, the same
   windows, charged as pure overhead (its work is discarded). Window sizes in epochs need each dataset's
@@ -163,26 +163,18 @@ class Workload:
 
 
 def profile_power(w: Workload, bs: int) -> tuple[int, float, float, float]:
-    """Profiling from the highest limit down, pruned; returns (chosen pl, slices' energy, time, epochs).
+    """Profiling every limit, highest first; returns (chosen pl, slices' energy, time, epochs).
 
     Each limit gets a window of PROFILE_STEPS steps, at most 1/|P| of an epoch (Zeus's JIT slice).
     """
     pls = w.pls_for(bs)
     slice_epochs = min(PROFILE_STEPS * bs / SAMPLES_PER_EPOCH[w.dataset], 1 / len(w.power_limits))
     seen_pl, seen_t, seen_p = [], [], []
-    best, worse = math.inf, 0
     for pl in sorted(pls, reverse=True):
         t, p = w.epoch(bs, pl)
         seen_pl.append(pl)
         seen_t.append(t)
         seen_p.append(p)
-        c = zeus_cost(t * p, t, ETA, w.max_power)
-        if c < best:
-            best, worse = c, 0
-        else:
-            worse += 1
-            if worse >= 2:
-                break
     chosen = int(
         choose_power_limit(seen_pl, seen_t, seen_p, objective=f"zeus:{ETA}", max_slowdown=None, max_power_w=w.max_power)
     )

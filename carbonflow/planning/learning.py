@@ -290,13 +290,18 @@ class BatchSizeExplorer:
     def untried_order(self) -> list[int]:
         """Untried, still plausible batch sizes, most promising first (by predicted cost to target).
 
-        Only batch sizes whose predicted cost, times ``optimism``, is below the best mean cost seen.
+        Only neighbours (in the sorted candidate list) of a batch size that reached the target, and only when
+        their predicted cost, times ``optimism``, is below the best mean cost seen.
         """
         _, best = self.best_mean()
+        sizes = sorted(self.arms)
+        converged = {i for i, b in enumerate(sizes) if self.arms[b].costs}
         scored = []
-        for b in self.arms:
+        for i, b in enumerate(sizes):
             if self.arms[b].costs or self.arms[b].failures:
                 continue
+            if converged and not ({i - 1, i + 1} & converged):
+                continue  # only next to a batch size known to converge: no long extrapolations
             cost = self.predicted_cost(b)
             if cost * self.optimism < best:
                 scored.append((cost, b))
@@ -325,13 +330,29 @@ class BatchSizeExplorer:
         if confirm and budget_left and any(len(self.arms[b].costs) >= 2 for b in candidates):
             return min(confirm)[1]
         pool = [b for b in candidates if len(self.arms[b].costs) >= 2] or candidates
+        cv = self.pooled_cv()
         draws = []
         for b in pool:
             costs = self.arms[b].costs
             mean = float(np.mean(costs))
-            std = float(np.std(costs, ddof=1)) / math.sqrt(len(costs)) if len(costs) >= 2 else self.prior_cv * mean
+            sample_std = float(np.std(costs, ddof=1)) if len(costs) >= 2 else 0.0
+            floor = max(cv, self.prior_cv) if len(costs) < 3 else cv
+            std = max(sample_std, floor * mean) / math.sqrt(len(costs))
             draws.append((float(rng.normal(mean, max(std, 1e-12))), b))
         return min(draws)[1]
+
+    def pooled_cv(self) -> float:
+        """Coefficient of variation of the cost to target, pooled over arms seen at least 3 times.
+
+        Two similar observations of an arm must not make its posterior narrow: the run-to-run spread seen on
+        well-observed arms is a floor (``prior_cv`` until some arm has 3 observations).
+        """
+        cvs = [
+            float(np.std(arm.costs, ddof=1) / np.mean(arm.costs))
+            for arm in self.arms.values()
+            if len(arm.costs) >= 3 and np.mean(arm.costs) > 0
+        ]
+        return float(np.median(cvs)) if cvs else self.prior_cv
 
     def stop_threshold(self, batch_size: int | None = None) -> float:
         """Early-stop a run once its spent cost passes this (inf before any run reached the target).

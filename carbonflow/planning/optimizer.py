@@ -363,7 +363,7 @@ def plan_job(
         objective=spec.objective,
         region=forecast.region if forecast is not None else spec.region,
         forecast_provider=forecast.provider if forecast is not None else "none",
-        signal_kind=forecast.signal_kind if forecast is not None else "average-lifecycle",
+        signal_kind=forecast.signal_kind if forecast is not None else None,
         replay=forecast.replay if forecast is not None else False,
         baseline=baseline,
         alternatives=alternatives,
