@@ -28,7 +28,7 @@ class DeviceModel:
     _cache: dict[tuple[int, float], tuple[float, float]] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def for_pairs(cls, pairs: PairTable, gpu_model: str = "V100", shared_power_factor: float = 1.0) -> DeviceModel:
+    def for_pairs(cls, pairs: PairTable, gpu_model: str = "V100", shared_power_factor: float = 1.2) -> DeviceModel:
         if not 1.0 <= shared_power_factor <= 2.0:
             raise ValueError(
                 f"shared_power_factor={shared_power_factor} is not allowed; it must be between 1.0 "

@@ -1,12 +1,13 @@
 """The event-driven cluster simulator: a heap of completion/release events over a pool of GPUs.
 
-Jobs arrive in trace order, may be held back by the policy (carbon shifting), then wait in one
-strict FIFO queue. A multi-GPU job runs exclusively on ``num_gpus`` GPUs (Gavel never measured
-multi-GPU sharing). A single-GPU job either takes a free GPU or, when the policy co-locates, joins a
-GPU that already runs one single-GPU job; the two then progress at the fractions of their solo speed
-that Gavel measured for that pair, and at the GPU's power limit. When one leaves, the other speeds
-back up. Work is counted in seconds of the trace's run time (exclusive, default power limit), so a
-job alone at the default limit finishes exactly when the trace says.
+Jobs arrive in trace order, may be held back by the policy (carbon shifting), then wait in one strict
+FIFO queue ordered by submission time (a deferred job keeps its place). A multi-GPU job runs
+exclusively on ``num_gpus`` GPUs (Gavel never measured multi-GPU sharing; ``colocate_multi_gpu``
+extrapolates it as a sensitivity study). A single-GPU job either takes a free GPU or, when the policy
+co-locates, joins a GPU that already runs one single-GPU job; the two then progress at the fractions
+of their solo speed that Gavel measured for that pair, and at the GPU's power limit. When one leaves,
+the other speeds back up. Work is counted in seconds of the trace's run time (exclusive, default
+power limit), so a job alone at the default limit finishes exactly when the trace says.
 
 Energy is integrated per GPU between changes of what runs on it; emissions integrate the same power
 against the replayed grid (:class:`carbonflow.simulation.grid.CarbonGrid`). Idle GPUs are not
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -49,6 +49,9 @@ class ClusterSpec:
     gpus: int
     max_slowdown: float = 0.10
     deadline_slack_s: float = 8 * 3600.0
+    colocate_multi_gpu: bool = False
+    """Let two jobs with the same GPU count share their GPUs, each GPU at the single-GPU pair's measured
+    speeds. Gavel measured single-GPU pairs only, so this is an extrapolation (a sensitivity study)."""
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
@@ -129,8 +132,8 @@ class Policy(Protocol):
     def pair_observed(self, job: int, other: int, keep_job: float, keep_other: float, now_s: float) -> bool:
         """Early observation of a new pair's speeds (NaN: could not run together); False splits it."""
 
-    def job_started(self, job: int, now_s: float) -> None:
-        """A job started running (alone or next to another)."""
+    def job_started(self, job: int, now_s: float, power_limit_w: float) -> None:
+        """A job started running (alone or next to another) at ``power_limit_w``."""
 
     def finished(self, job: int, now_s: float) -> None:
         """A job completed (history for the next recurrence)."""
@@ -226,13 +229,16 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
     host_t0: dict[int, float] = {}
     host_power: dict[int, float] = {}
     host_limit: dict[int, float] = {}
-    open_by_type: list[set[int]] = [set() for _ in range(n_types)]
+    host_g: dict[int, int] = {}
+    share_multi = ctx.cluster.colocate_multi_gpu
+    # open hosts (one job running, room for a partner), by GPU count then job type
+    open_by: dict[int, list[set[int]]] = {1: [set() for _ in range(n_types)]}
     next_host = 0
 
     heap: list[tuple[float, int, int, int, int]] = []
     seq = 0
     free = ctx.cluster.gpus
-    queue: deque[int] = deque()
+    queue: list[int] = []  # heap of job indices: FIFO by submission order (the trace is sorted)
     energy = 0.0
     carbon_int = 0.0  # Σ power · ∫intensity dt  (W · gCO2/kWh · s)
     busy = 0.0
@@ -242,10 +248,11 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
         nonlocal energy, carbon_int, busy
         t0 = host_t0[h]
         if t > t0:
-            p = host_power[h]
+            g = host_g[h]
+            p = host_power[h] * g
             energy += (t - t0) * p
             carbon_int += p * grid_integral(t0, t)
-            busy += t - t0
+            busy += (t - t0) * g
         host_t0[h] = t
 
     def reschedule(j: int, t: float) -> None:
@@ -271,24 +278,30 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
         host_t0[h] = t
         host_power[h] = p
         host_limit[h] = lim
-        open_by_type[jtype[j]].add(h)
-        free -= 1
+        g = gpus[j]
+        host_g[h] = g
+        if g == 1 or share_multi:
+            if g not in open_by:
+                open_by[g] = [set() for _ in range(n_types)]
+            open_by[g][jtype[j]].add(h)
+        free -= g
         host_of[j] = h
         start[j] = t
         rem[j], last[j], rate[j] = dur[j], t, 1.0 / s
         reschedule(j, t)
-        policy.job_started(j, t)
+        policy.job_started(j, t, limit_of[j])
         return h
 
     def join(j: int, h: int, t: float) -> bool:
-        """Put single-GPU job j next to the job on host h; False if the pair cannot run together."""
+        """Put job j next to the job on host h (same GPU count); False if the pair cannot run together."""
         nonlocal splits
         k = host_jobs[h][0]
         kj, kk = keep[jtype[j]][jtype[k]], keep[jtype[k]][jtype[j]]
         if not (kj == kj and kk == kk):  # NaN: Gavel could not run this pair (e.g. out of memory)
             policy.pair_observed(j, k, math.nan, math.nan, t)
             return False
-        open_by_type[jtype[k]].discard(h)
+        opens = open_by[host_g[h]]
+        opens[jtype[k]].discard(h)
         close(h, t)
         lim = host_limit[h]
         p, s = solo(jtype[j], lim)
@@ -301,14 +314,15 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
         rem[j], last[j], rate[j] = dur[j], t, kj / s
         reschedule(j, t)
         set_rate(k, t, kk / sd[k])
-        policy.job_started(j, t)
-        if not policy.pair_observed(j, k, kj, kk, t) and free >= 1:
-            # early observation says the pair is too slow: the newcomer moves to a free GPU
+        policy.job_started(j, t, limit_of[j])
+        if not policy.pair_observed(j, k, kj, kk, t) and free >= gpus[j]:
+            # early observation says the pair is too slow: the newcomer moves to free GPUs
             splits += 1
+            close(h, t)
             host_jobs[h].remove(j)
             host_power[h] = pw[k]
             set_rate(k, t, 1.0 / sd[k])
-            open_by_type[jtype[k]].add(h)
+            opens[jtype[k]].add(h)
             open_host(j, t)
         return True
 
@@ -317,25 +331,26 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
         while queue:
             j = queue[0]
             g = gpus[j]
-            if g == 1 and colocate:
-                candidates = {ty: host_jobs[next(iter(s))][0] for ty, s in enumerate(open_by_type) if s}
+            if colocate and (g == 1 or share_multi):
+                opens = open_by.get(g)
+                candidates = {ty: host_jobs[next(iter(s))][0] for ty, s in enumerate(opens) if s} if opens else {}
                 if candidates:
                     k = policy.choose_partner(j, candidates, free, t)
                     if k is not None:
                         h = host_of[k]
-                        if h < 0 or len(host_jobs.get(h, ())) != 1:
+                        if h < 0 or len(host_jobs.get(h, ())) != 1 or host_g[h] != g:
                             raise SimulationError(f"policy {policy.name!r} chose job {k}, which runs on no open GPU")
                         if join(j, h, t):
-                            queue.popleft()
+                            heapq.heappop(queue)
                             continue
-                if free >= 1:
-                    queue.popleft()
+                if free >= g:
+                    heapq.heappop(queue)
                     open_host(j, t)
                     continue
                 return
             if free < g:
                 return
-            queue.popleft()
+            heapq.heappop(queue)
             free -= g
             lim = policy.power_limit_w(j, t)
             p, s = solo(jtype[j], lim)
@@ -343,7 +358,7 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
             start[j] = t
             rem[j], last[j], rate[j] = dur[j], t, 1.0 / s
             reschedule(j, t)
-            policy.job_started(j, t)
+            policy.job_started(j, t, limit_of[j])
 
     def finish(j: int, t: float) -> None:
         nonlocal free, energy, carbon_int, busy
@@ -360,15 +375,19 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
             close(h, t)
             members = host_jobs[h]
             members.remove(j)
-            open_by_type[jtype[j]].discard(h)
+            g = host_g[h]
+            opens = open_by.get(g)
+            if opens is not None:
+                opens[jtype[j]].discard(h)
             if members:
                 k = members[0]
                 host_power[h] = pw[k]
                 set_rate(k, t, 1.0 / sd[k])
-                open_by_type[jtype[k]].add(h)
+                if opens is not None:
+                    opens[jtype[k]].add(h)
             else:
-                del host_jobs[h], host_t0[h], host_power[h], host_limit[h]
-                free += 1
+                del host_jobs[h], host_t0[h], host_power[h], host_limit[h], host_g[h]
+                free += g
         policy.finished(j, t)
 
     ai = 0
@@ -383,7 +402,7 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
                     continue
                 finish(j, t)
             else:
-                queue.append(j)
+                heapq.heappush(queue, j)  # a deferred job keeps its place by submission time
             try_start(t)
         else:
             j = ai
@@ -394,7 +413,7 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
                 seq += 1
                 heapq.heappush(heap, (r, seq, _RELEASE, j, 0))
                 continue
-            queue.append(j)
+            heapq.heappush(queue, j)
             if len(queue) == 1:  # strict FIFO: a job behind a blocked head cannot start either
                 try_start(t_arr)
     if queue:

@@ -3,8 +3,8 @@
 The intensity series comes from a real carbon trace (read by :func:`carbonflow.carbon.traces.load_trace`)
 and is put on a regular grid (gaps forward-filled). Simulated time ``t`` (seconds after the job
 trace's origin) is mapped to the carbon trace by calendar position: the job trace's origin lands on
-the same month, day and time of day in the carbon trace's first year (or on its first slot when that
-date is outside it), and the series repeats when the simulation runs past its end. That mapping is
+the same month, day and time of day in the first year of the carbon trace that holds that date (or on
+its first slot when none does), and the series repeats when the simulation runs past its end. That mapping is
 a replay assumption and is reported with the results.
 """
 
@@ -69,13 +69,17 @@ class CarbonGrid:
         """Map simulated t=0 (the job trace's ``origin``) to the same calendar position in this series."""
         if origin.tzinfo is None:
             raise GridError(f"origin={origin.isoformat()} has no time zone; give it in UTC")
-        try:
-            target = origin.astimezone(UTC).replace(year=self.start.year)
-        except ValueError:  # 29 February
-            target = origin.astimezone(UTC).replace(year=self.start.year, day=28)
-        offset = (target - self.start).total_seconds()
-        if not 0 <= offset < self.period_s:
-            offset = 0.0
+        offset = 0.0
+        last_year = (self.start + timedelta(seconds=self.period_s)).year
+        for year in range(self.start.year, last_year + 1):
+            try:
+                target = origin.astimezone(UTC).replace(year=year)
+            except ValueError:  # 29 February
+                target = origin.astimezone(UTC).replace(year=year, day=28)
+            candidate = (target - self.start).total_seconds()
+            if 0 <= candidate < self.period_s:
+                offset = candidate
+                break
         self.offset_s = offset
         self.origin = origin.astimezone(UTC)
 

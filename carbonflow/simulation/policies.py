@@ -21,6 +21,7 @@ recurrence of a family has no history, so it is neither co-located nor shifted (
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from carbonflow.carbon.windows import choose_start
 from carbonflow.planning import (
@@ -57,7 +58,7 @@ class FifoPolicy:
     def pair_observed(self, job: int, other: int, keep_job: float, keep_other: float, now_s: float) -> bool:
         return True
 
-    def job_started(self, job: int, now_s: float) -> None:
+    def job_started(self, job: int, now_s: float, power_limit_w: float) -> None:
         return None
 
     def finished(self, job: int, now_s: float) -> None:
@@ -77,7 +78,10 @@ class PlannerPolicy(FifoPolicy):
         objective: str = "energy",
         max_slowdown: float | None = None,
         robust_shift: bool = True,
+        history_runs: int = 5,
     ) -> None:
+        if history_runs < 1:
+            raise ValueError(f"history_runs={history_runs} is not allowed; it must be >= 1")
         self.name = name
         self.use_power_limit = power_limit
         self.colocate = colocate
@@ -85,32 +89,51 @@ class PlannerPolicy(FifoPolicy):
         self.objective = objective
         self.max_slowdown_override = max_slowdown
         self.robust_shift = robust_shift
+        self.history_runs = history_runs
 
     def bind(self, ctx: SimContext) -> None:
         super().bind(ctx)
-        cl = ctx.cluster
-        self.max_slowdown = cl.max_slowdown if self.max_slowdown_override is None else self.max_slowdown_override
+        self.max_slowdown = (
+            ctx.cluster.max_slowdown if self.max_slowdown_override is None else self.max_slowdown_override
+        )
         self.type_names = ctx.pairs.types
         self.limit_by_type: dict[int, float] = {}
-        self.last_duration: dict[int, float] = {}  # family -> realised duration of its last finished run (s)
-        self.predicted: dict[int, float] = {}  # running job -> predicted solo duration at the default limit (s)
+        self.recent: dict[int, deque[float]] = {}  # family -> realised durations of its last runs (s)
+        self.predicted: dict[int, float] = {}  # running job -> predicted duration alone at the default limit (s)
         self.started_at: dict[int, float] = {}
-        self.pair_profiles: dict[tuple[int, int], PairProfile | None] = {}
+        self.limit_of_job: dict[int, float] = {}
+        self.waits: deque[float] = deque(maxlen=500)  # recent queueing delays (release -> start), s
+        self.released_at: dict[int, float] = {}
+        self.runnable_pair: dict[tuple[int, int], bool] = {}
         self.pair_decisions = 0
 
     # -- history ---------------------------------------------------------------------------------------
     def _predicted_duration_s(self, job: int) -> float | None:
-        return self.last_duration.get(self.ctx.jobs.family[job])
+        """The family's longest run among its recent recurrences (a conservative prediction), or None."""
+        runs = self.recent.get(self.ctx.jobs.family[job])
+        return max(runs) if runs else None
+
+    def job_started(self, job: int, now_s: float, power_limit_w: float) -> None:
+        self.started_at[job] = now_s
+        self.limit_of_job[job] = power_limit_w
+        pred = self._predicted_duration_s(job)
+        if pred is not None:
+            self.predicted[job] = pred
+        self.waits.append(now_s - self.released_at.pop(job, now_s))
 
     def finished(self, job: int, now_s: float) -> None:
-        # the realised work of this run, at the default limit and alone (what the job's progress reports give)
-        self.last_duration[self.ctx.jobs.family[job]] = self.ctx.jobs.duration_s[job]
+        # the work of this run in seconds alone at the default limit (what its progress reports give)
+        fam = self.ctx.jobs.family[job]
+        runs = self.recent.get(fam)
+        if runs is None:
+            runs = self.recent[fam] = deque(maxlen=self.history_runs)
+        runs.append(self.ctx.jobs.duration_s[job])
         self.predicted.pop(job, None)
         self.started_at.pop(job, None)
+        self.limit_of_job.pop(job, None)
 
     # -- power limit -----------------------------------------------------------------------------------
     def power_limit_w(self, job: int, now_s: float) -> float:
-        self.started_at[job] = now_s
         if not self.use_power_limit or self.ctx.jobs.recurrence[job] == 0:
             return self.default_limit_w  # the first recurrence is the profiling run at the default limit
         t = self.ctx.jobs.job_type[job]
@@ -131,6 +154,13 @@ class PlannerPolicy(FifoPolicy):
         return limit
 
     # -- carbon shifting -------------------------------------------------------------------------------
+    def _queue_margin_s(self) -> float:
+        """A high quantile of recent queueing delays: time kept free before the deadline for the queue."""
+        if not self.waits:
+            return 0.0
+        w = sorted(self.waits)
+        return w[min(len(w) - 1, int(0.99 * len(w)))]
+
     def release_s(self, job: int, now_s: float) -> float:
         if not self.shift:
             return now_s
@@ -140,40 +170,30 @@ class PlannerPolicy(FifoPolicy):
         jobs = self.ctx.jobs
         grid = self.ctx.grid
         t = jobs.job_type[job]
-        slow = self.ctx.devices.solo(t, self.limit_by_type.get(t, self.default_limit_w))[1]
-        run_s = pred * slow
-        # keep the slowdown allowance for queueing and co-location: shift only inside the slack
-        finish_by_s = jobs.deadline_s[job] - pred * (1 + self.max_slowdown) + run_s
+        run_s = pred * self.ctx.devices.solo(t, self.limit_by_type.get(t, self.default_limit_w))[1]
+        # leave the slowdown allowance (co-location) and the queue's recent delays before the deadline
+        finish_by_s = jobs.deadline_s[job] - pred * self.max_slowdown - self._queue_margin_s()
         if finish_by_s - run_s <= now_s:
             return now_s
         forecast = grid.forecast(now_s, FORECAST_HORIZON_S)
         choice = choose_start(
             forecast, run_s, grid.to_datetime(now_s), grid.to_datetime(finish_by_s), robust=self.robust_shift
         )
-        return max(now_s, (choice.start - grid.origin).total_seconds())
+        release = max(now_s, (choice.start - grid.origin).total_seconds())
+        if release > now_s:
+            self.released_at[job] = release
+        return release
 
     # -- co-location -----------------------------------------------------------------------------------
-    def _pair_profile(self, a: int, b: int) -> PairProfile | None:
-        """The profile of job types a and b together, measured once (simulated) when first needed."""
+    def _runnable(self, a: int, b: int) -> bool:
+        """Whether job types a and b can share a GPU: the pair profile, measured once when first needed."""
         key = (a, b) if a <= b else (b, a)
-        if key not in self.pair_profiles:
+        ok = self.runnable_pair.get(key)
+        if ok is None:
             keep = self.ctx.pairs.keep
-            ka, kb = keep[key[0], key[1]], keep[key[1], key[0]]
-            if not (math.isfinite(ka) and math.isfinite(kb)) or ka <= 0 or kb <= 0:
-                self.pair_profiles[key] = None
-            else:
-                dev = self.ctx.devices
-                pa, pb = dev.solo(key[0], self.default_limit_w)[0], dev.solo(key[1], self.default_limit_w)[0]
-                self.pair_profiles[key] = PairProfile(
-                    self.type_names[key[0]],
-                    self.type_names[key[1]],
-                    float(ka),
-                    float(kb),
-                    dev.shared_power_w(pa, pb, self.default_limit_w),
-                    label="simulated",
-                    power_limit_w=self.default_limit_w,
-                )
-        return self.pair_profiles[key]
+            ok = bool(math.isfinite(keep[a, b]) and math.isfinite(keep[b, a]) and keep[a, b] > 0 and keep[b, a] > 0)
+            self.runnable_pair[key] = ok
+        return ok
 
     def choose_partner(self, job: int, candidates: dict[int, int], free_gpus: int, now_s: float) -> int | None:
         if not self.colocate:
@@ -183,48 +203,50 @@ class PlannerPolicy(FifoPolicy):
             return None  # first recurrence: no history to predict the pair's slowdown from
         jobs = self.ctx.jobs
         dev = self.ctx.devices
+        keep = self.ctx.pairs.keep
         tj = jobs.job_type[job]
         me = f"j{job}"
         names = [me]
+        bounds = {me: 0.0}
         slowdowns: dict[tuple[str, str], tuple[float, float] | None] = {}
         savings: dict[tuple[str, str], float] = {}
         by_name: dict[str, int] = {}
         for tk, k in candidates.items():
-            profile = self._pair_profile(tj, tk)
-            if profile is None:
-                continue
             pred_k = self.predicted.get(k)
-            if pred_k is None:
+            if pred_k is None or not self._runnable(tj, tk):
                 continue
-            done_k = self.ctx.progress_s(k, now_s)
-            rem_k = max(pred_k - done_k, 1.0)
+            lim = self.limit_of_job[k]
+            pj, sj = dev.solo(tj, lim)
+            pk, sk = dev.solo(tk, lim)
+            rem_k = max(pred_k - self.ctx.progress_s(k, now_s), 1.0)
+            solo_j, solo_k = pred * sj, rem_k * sk  # each alone at this GPU's power limit
+            # a simulated pair profile of the two job types at this limit (speeds measured by Gavel)
             other = f"j{k}"
-            # the profile is about the job types; ask the planner about these two jobs
             prof = PairProfile(
                 me,
                 other,
-                *(profile.speeds(self.type_names[tj], self.type_names[tk]) or (profile.speed_a, profile.speed_b)),
-                profile.power_w,
+                float(keep[tj, tk]),
+                float(keep[tk, tj]),
+                dev.shared_power_w(pj, pk, lim),
                 label="simulated",
-                power_limit_w=profile.power_limit_w,
+                power_limit_w=lim,
             )
-            slow = predict_pair_slowdown(me, other, pred, rem_k, [prof])
+            slow = predict_pair_slowdown(me, other, solo_j, solo_k, [prof])
             if slow is None:
                 continue
-            tl = pair_timeline(pred, rem_k, prof.speed_a, prof.speed_b)
-            pj, pk = dev.solo(tj, self.default_limit_w)[0], dev.solo(tk, self.default_limit_w)[0]
+            tl = pair_timeline(solo_j, solo_k, prof.speed_a, prof.speed_b)
             tail_w = pk if tl.tail_job == "b" else pj
-            saving_j = pj * pred + pk * rem_k - (prof.power_w * tl.overlap_s + tail_w * tl.tail_s)
             names.append(other)
             by_name[other] = k
+            # slowdown budgets: each job must end within (1 + max_slowdown) x its predicted default run time
+            bounds[me] = (1 + self.max_slowdown) / sj - 1
+            bounds[other] = ((1 + self.max_slowdown) * pred_k - (now_s - self.started_at[k])) / solo_k - 1
             slowdowns[(me, other)] = slow
-            savings[(me, other)] = saving_j
+            savings[(me, other)] = pj * solo_j + pk * solo_k - (prof.power_w * tl.overlap_s + tail_w * tl.tail_s)
         if not slowdowns:
             return None
         self.pair_decisions += 1
-        bounds = dict.fromkeys(names, self.max_slowdown)
-        chosen = choose_colocation_pairs(names, bounds, slowdowns, savings)
-        for a, b in chosen:
+        for a, b in choose_colocation_pairs(names, bounds, slowdowns, savings):
             if a == me:
                 return by_name[b]
             if b == me:
@@ -235,14 +257,9 @@ class PlannerPolicy(FifoPolicy):
         if not (math.isfinite(keep_job) and math.isfinite(keep_other)):
             t = self.ctx.jobs.job_type
             a, b = sorted((t[job], t[other]))
-            self.pair_profiles[(a, b)] = None
+            self.runnable_pair[(a, b)] = False
             return False
         return True
-
-    def job_started(self, job: int, now_s: float) -> None:
-        pred = self._predicted_duration_s(job)
-        if pred is not None:
-            self.predicted[job] = pred
 
 
 def standard_policies(objective: str = "energy", max_slowdown: float | None = None) -> list[FifoPolicy]:
