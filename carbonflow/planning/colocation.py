@@ -335,9 +335,9 @@ def plan_night(
             start = now + timedelta(seconds=opt.start_s)
             finish = start + timedelta(seconds=total_s)
             reason = (
-                f"co-located with {other} on one GPU at {ref.config.power_limit_w or 'default'} W, start "
+                f"co-located with {other} on one GPU at {_w(ref.config.power_limit_w)}, start "
                 f"{'now' if opt.start_s == 0 else start.strftime('%H:%M') + ' UTC'}: predicted slowdown "
-                f"{slow:.0%} within {by_name[me].max_slowdown:.0%}, pair saves {opt.saving:.4g} "
+                f"{slow * 100:.0f} % within {by_name[me].max_slowdown * 100:.0f} %, pair saves {opt.saving:.4g} "
                 f"{opt.unit} vs separate plans; finishes "
                 f"{finish.strftime('%H:%M')}"
             )
@@ -358,6 +358,10 @@ def plan_night(
                 }
             )
     return [plans[n] for n in names]
+
+
+def _w(limit_w: float | None) -> str:
+    return "the default power limit" if limit_w is None else f"{limit_w:g} W"
 
 
 def observed_slowdown(solo_throughput: float, observed_throughput: float) -> float:
@@ -402,7 +406,9 @@ def separate_if_slow(
         ]
         if worst:
             slow, job = max(worst)
-            broken[group] = f"separated after early observation: {job} slowed {slow:.0%} > {bound(job):.0%}"
+            broken[group] = (
+                f"separated after early observation: {job} slowed {slow * 100:.0f} % > {bound(job) * 100:.0f} %"
+            )
     out = []
     for plan in plans:
         group = plan.config.colocation_group

@@ -1,0 +1,107 @@
+"""Learning across recurrences: prediction correction with a drift window, batch-size exploration."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+from carbonflow.planning import BatchSizeExplorer, JobHistory, RunRecord
+from carbonflow.planning.learning import exploration_pays_off
+
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
+
+
+def rec(day: int, ratio: float, key: str = "c1-pl200", job: str = "j", **kw) -> RunRecord:
+    return RunRecord(
+        job=job,
+        config_key=key,
+        finished_at=T0 + timedelta(days=day),
+        predicted_duration_s=100.0,
+        realised_duration_s=100.0 * ratio,
+        predicted_energy_j=1000.0,
+        realised_energy_j=1000.0 * ratio,
+        **kw,
+    )
+
+
+def test_correction_uses_the_recent_window_so_drift_is_followed():
+    old = [rec(d, 1.0) for d in range(20)]
+    new = [rec(20 + d, 1.3) for d in range(5)]
+    assert JobHistory(old + new, drift_window=5).correction("j", "c1-pl200").time_factor == pytest.approx(1.3)
+    assert JobHistory(old + new, drift_window=25).correction("j", "c1-pl200").time_factor == pytest.approx(1.0)
+
+
+def test_unseen_config_gets_the_job_wide_ratio_shrunk_toward_one():
+    history = JobHistory([rec(d, 1.2) for d in range(2)], shrink_runs=2.0)
+    corr = history.correction("j", "c1-pl150")
+    assert corr.time_factor == pytest.approx(1 + 0.5 * 0.2)
+    assert history.correction("other", "c1-pl150").time_factor == 1.0
+
+
+def test_record_validation_and_history_queries():
+    with pytest.raises(ValueError, match="finished_at"):
+        RunRecord("j", "k", datetime(2024, 1, 1), 1, 1, 1, 1)
+    with pytest.raises(ValueError, match="realised_energy_j"):
+        RunRecord("j", "k", T0, 1, 1, 1, -1)
+    history = JobHistory(
+        [
+            rec(1, 1.0, batch_size=64, epochs=10, reached_target=True),
+            rec(2, 1.0, batch_size=64, epochs=12, reached_target=True),
+            rec(3, 1.0, batch_size=64, epochs=30, reached_target=False),
+            rec(4, 1.0, colocated_with=("k",), observed_slowdown=0.07),
+            rec(5, 1.0, colocated_with=("k",), observed_slowdown=0.04),
+        ]
+    )
+    assert history.epochs_to_target("j", 64) == pytest.approx(11.0)
+    assert history.epochs_to_target("j", 128) is None
+    assert history.pair_slowdown("j", "k") == pytest.approx(0.07)
+    with pytest.raises(ValueError, match="drift_window"):
+        JobHistory([], drift_window=0)
+
+
+def _simulate(explorer: BatchSizeExplorer, epochs_of, rounds: int, seed: int = 0) -> list[int]:
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for _ in range(rounds):
+        b = explorer.choose(rng)
+        epochs = epochs_of(b, rng)
+        cost = epochs * explorer.prior_cost_per_epoch[b]
+        limit = explorer.stop_threshold(b)
+        reached = cost <= limit and np.isfinite(epochs)
+        explorer.observe(b, min(cost, limit), bool(reached), epochs if reached else None)
+        chosen.append(b)
+    return chosen
+
+
+def test_explorer_finds_the_cheapest_batch_size_and_settles_on_it():
+    # cost per epoch falls with batch size, epochs to target rise: the optimum is in the middle (256).
+    per_epoch = {64: 10.0, 128: 6.0, 256: 4.0, 512: 3.5, 1024: 3.2}
+    need = {64: 20, 128: 20, 256: 22, 512: 40, 1024: 80}
+    explorer = BatchSizeExplorer(list(per_epoch), 1024, per_epoch)
+    chosen = _simulate(explorer, lambda b, rng: need[b] * rng.uniform(0.95, 1.05), 60)
+    assert chosen[0] == 1024  # the default first
+    assert set(chosen[-20:]) == {256}
+    assert explorer.best_mean()[0] == 256
+    assert 1024 not in chosen[1:]  # never back to the expensive default once better is known
+
+
+def test_explorer_prunes_batch_sizes_that_never_converge():
+    per_epoch = {32: 5.0, 64: 3.0, 128: 2.0}
+    explorer = BatchSizeExplorer(list(per_epoch), 64, per_epoch)
+    chosen = _simulate(explorer, lambda b, rng: np.inf if b == 128 else 10.0, 20)
+    assert chosen.count(128) <= 1
+    assert explorer.predicted_epochs(128) == np.inf or explorer.arms[128].failures >= 1
+
+
+def test_explorer_validates_inputs():
+    with pytest.raises(ValueError, match="default_batch_size"):
+        BatchSizeExplorer([32, 64], 128, {32: 1.0, 64: 1.0})
+    with pytest.raises(ValueError, match="prior_cost_per_epoch"):
+        BatchSizeExplorer([32, 64], 64, {64: 1.0})
+
+
+def test_exploration_pays_off():
+    assert exploration_pays_off(10.0, 50.0, 10)
+    assert not exploration_pays_off(10.0, 50.0, 4)
