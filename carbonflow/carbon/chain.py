@@ -275,6 +275,7 @@ def default_chain(
     em = ElectricityMapsProvider(
         token=_cred(creds, "electricitymaps", "token", "CARBONFLOW_ELECTRICITYMAPS_TOKEN"),
         base_url=_cred(creds, "electricitymaps", "url", "CARBONFLOW_ELECTRICITYMAPS_URL"), settings=settings,
+        emission_factor=(creds.get("electricitymaps") or {}).get("emission_factor", "lifecycle"),
     )
     wt = WattTimeProvider(
         username=_cred(creds, "watttime", "username", "CARBONFLOW_WATTTIME_USERNAME"),
@@ -282,8 +283,14 @@ def default_chain(
         base_url=_cred(creds, "watttime", "url", "CARBONFLOW_WATTTIME_URL"), settings=settings,
     )
     sdk = CarbonAwareSdkProvider(
-        base_url=_cred(creds, "carbon-aware-sdk", "url", "CARBONFLOW_CARBON_AWARE_SDK_URL"), settings=settings
+        base_url=_cred(creds, "carbon-aware-sdk", "url", "CARBONFLOW_CARBON_AWARE_SDK_URL"), settings=settings,
+        signal_kind=(creds.get("carbon-aware-sdk") or {}).get("signal_kind", "marginal"),
     )
+    if sdk.signal_kind not in ("average-direct", "average-lifecycle", "marginal"):
+        raise ValueError(
+            f"credentials['carbon-aware-sdk']['signal_kind']={sdk.signal_kind!r} is not allowed; use "
+            "average-direct, average-lifecycle or marginal (what the SDK's upstream provider gives)"
+        )
 
     def live_history(zone: str, start: datetime, end: datetime):
         if zone.upper() == "GB":

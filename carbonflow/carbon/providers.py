@@ -69,9 +69,6 @@ class _CappedRetry(Retry):
         new.max_retry_after_s = self.max_retry_after_s
         return new
 
-    def is_retry(self, method: str, status_code: int, has_retry_after: bool = False) -> bool:
-        return super().is_retry(method, status_code, has_retry_after)
-
     def sleep_for_retry(self, response: Any = None) -> bool:
         retry_after = self.get_retry_after(response) if response is not None else None
         if retry_after is not None and retry_after > self.max_retry_after_s:

@@ -195,3 +195,47 @@ def test_keys_never_reach_logs_forecasts_or_exceptions(httpserver, caplog):
 def test_redact_handles_overlapping_secrets():
     assert redact("a-secret-long and a-secret", ["a-secret", "a-secret-long"]) == "*** and ***"
     assert redact("short key ab", ["ab"]) == "short key ab"  # too short to be a real key; never mangle text
+
+
+def test_on_disk_cache_holds_no_keys(httpserver, tmp_path):
+    fix = FIX / "watttime" / "GET_v3_forecast_region_MISO_MASON_CITY_signal_co2_moer.json"
+    httpserver.expect_request("/login").respond_with_json({"token": SECRETS["bearer"]})
+    httpserver.expect_request("/v3/forecast").respond_with_data(fix.read_text(), content_type="application/json")
+    em_fix = FIX / "electricitymaps" / "GET_v3_carbon-intensity_forecast_zone_US-CAL-CISO.json"
+    httpserver.expect_request("/v3/carbon-intensity/forecast").respond_with_data(
+        em_fix.read_text(), content_type="application/json")
+    settings = HttpSettings(timeout_s=1, retries=0, cache_dir=tmp_path)
+    WattTimeProvider("alice", SECRETS["wt_pw"], httpserver.url_for(""), settings).forecast(
+        "MISO_MASON_CITY", datetime(2022, 10, 21, 6, 20, tzinfo=UTC))
+    ElectricityMapsProvider(SECRETS["em"], httpserver.url_for("/v3"), settings).forecast(
+        "US-CAL-CISO", datetime(2021, 7, 8, tzinfo=UTC))
+    files = list(tmp_path.glob("*.sqlite"))
+    assert {f.name for f in files} == {"watttime.sqlite", "electricitymaps.sqlite"}
+    for f in files:
+        blob = f.read_bytes()
+        for secret in SECRETS.values():
+            assert secret.encode() not in blob, (f.name, secret)
+
+
+def test_connection_fields_map_to_chain_credentials(httpserver):
+    from carbonflow.carbon.credentials import credentials_from_connection, credentials_from_connections, describe
+
+    assert credentials_from_connection("carbonflow_electricitymaps", password="tok-123456") == (
+        "electricitymaps", {"token": "tok-123456"})
+    assert credentials_from_connection("carbonflow_watttime", login="al", password="pw-123456",
+                                       host="http://wt") == ("watttime", {"url": "http://wt", "username": "al",
+                                                                          "password": "pw-123456"})
+    with pytest.raises(ValueError, match=r"conn_type='http' is not allowed; use one of carbonflow_"):
+        credentials_from_connection("http")
+    creds = credentials_from_connections([
+        {"conn_type": "carbonflow_carbon_aware_sdk", "host": httpserver.url_for("")},
+        {"conn_type": "carbonflow_electricitymaps", "extra": '{"token": "EM-SECRET-TOKEN-42"}'},
+    ])
+    assert describe(creds) == {"carbon-aware-sdk": ["url"], "electricitymaps": ["token"]}
+    sdk = (FIX / "carbon-aware-sdk" / "GET_emissions_forecasts_current_location_centralus_windowSize_30.json")
+    httpserver.expect_request("/emissions/forecasts/current").respond_with_data(sdk.read_text(),
+                                                                               content_type="application/json")
+    chain = default_chain(creds, timeout_s=0.5, retries=0, order={"*": ["carbon-aware-sdk", "static"]})
+    now = datetime(2022, 10, 21, 6, 20, tzinfo=UTC)
+    fc = chain.forecast("azure:centralus", now, now + timedelta(hours=5))
+    assert fc.provider == "carbon-aware-sdk" and fc.signal_kind == "marginal"
