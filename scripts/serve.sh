@@ -13,6 +13,7 @@
 #   CARBONFLOW_MLFLOW_BACKEND_URI  MLflow backend store (default: sqlite:///$CARBONFLOW_HOME/mlflow.db)
 #   CARBONFLOW_VENV            virtualenv with carbonflow installed (default: <repo>/.venv)
 #   CARBONFLOW_START_TIMEOUT_S seconds to wait for health (default 240)
+#   CARBONFLOW_GPU_POOL, CARBONFLOW_GPU_POOL_SLOTS  the Airflow pool modelling GPU capacity (carbonflow_gpu, 2)
 # Auth: SimpleAuthManager with every user an admin (a local development stack): get a REST API token with
 #   curl -s http://127.0.0.1:$PORT/auth/token   (GET, no credentials) and send "Authorization: Bearer <token>".
 set -euo pipefail
@@ -109,6 +110,11 @@ fail() {
 
 echo "serve: migrating the Airflow metadata DB ($AIRFLOW__DATABASE__SQL_ALCHEMY_CONN)"
 "$VENV/bin/airflow" db migrate >"$LOG_DIR/airflow-db-migrate.log" 2>&1 || {
+  tail -n 30 "$LOG_DIR/airflow-db-migrate.log" >&2; exit 1; }
+
+# Pools model GPU capacity (the DAGs' tasks name the pool); a missing pool would leave tasks unscheduled.
+"$VENV/bin/airflow" pools set "${CARBONFLOW_GPU_POOL:-carbonflow_gpu}" "${CARBONFLOW_GPU_POOL_SLOTS:-2}" \
+  "GPUs available to carbonflow training (slots = GPUs)" >>"$LOG_DIR/airflow-db-migrate.log" 2>&1 || {
   tail -n 30 "$LOG_DIR/airflow-db-migrate.log" >&2; exit 1; }
 
 start mlflow "$VENV/bin/mlflow" server --host 127.0.0.1 --port "$MLFLOW_PORT" --workers 1 \
