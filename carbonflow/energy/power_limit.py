@@ -99,7 +99,11 @@ def _set_with_retries(dev: Device, limit_w: float, retries: int, delay_s: float)
 
 
 class _Restorer:
-    """Puts previous limits back once, from normal exit, exception or a signal handler."""
+    """Puts previous limits back (idempotent), from normal exit, exception or a signal handler.
+
+    Once a restore has been requested (``stopping``) no limit is lowered any more, so a signal that
+    arrives while limits are being applied cannot leave a GPU lowered after its restore ran.
+    """
 
     def __init__(
         self,
@@ -117,12 +121,11 @@ class _Restorer:
         self.delay_s = delay_s
         self.outcome = outcome
         self._lock = threading.RLock()
-        self.done = False
+        self.stopping = False
 
     def restore(self, why: str) -> bool:
         with self._lock:
-            if self.done:
-                return bool(self.outcome.restored)
+            self.stopping = True
             failures = []
             for dev in self.gpus:
                 want = self.previous_w.get(dev.id)
@@ -136,7 +139,6 @@ class _Restorer:
                 err = _set_with_retries(dev, want, self.retries, self.delay_s)
                 if err is not None:
                     failures.append((dev, want, err))
-            self.done = True
             if failures:
                 for dev, want, err in failures:
                     msg = (
@@ -246,15 +248,19 @@ def applied_power_limit(
             old_handlers[signum] = signal.signal(signum, _on_signal)
     try:
         for dev in settable:
-            try:
-                dev.set_power_limit_w(limit_w)
-                outcome.applied_w[dev.id] = dev.power_limit_w()
-            except PowerLimitNotPermitted as exc:
-                outcome.notes.append(f"power limit not applied: {exc}")
-                restorer.restore("a GPU refused the limit")
-                restorer.done = False  # the final restore still runs (idempotent)
-                outcome.applied_w.clear()
-                break
+            with restorer._lock:
+                if restorer.stopping:  # a signal arrived while applying: do not lower any further GPU
+                    outcome.notes.append("power limit not applied: the run was stopped while it was being set")
+                    outcome.applied_w.clear()
+                    break
+                try:
+                    dev.set_power_limit_w(limit_w)
+                    outcome.applied_w[dev.id] = dev.power_limit_w()
+                except PowerLimitNotPermitted as exc:
+                    outcome.notes.append(f"power limit not applied: {exc}")
+                    outcome.applied_w.clear()
+                    restorer.restore("a GPU refused the limit")
+                    break
         else:
             outcome.applied = True
             outcome.notes.append(f"power limit {limit_w:g} W applied to {len(settable)} GPU(s)")

@@ -101,6 +101,31 @@ def test_sigint_in_process_restores_and_chains_to_previous_handler(fake_nvml, jo
     assert fake_nvml.limits_mw() == before
 
 
+def test_signal_while_applying_never_leaves_a_gpu_lowered(journal_dir):
+    """SIGTERM lands in the middle of setting the limits and the wrapper's own handler just records it."""
+
+    class SignalOnSet(SimulatedGpu):
+        def set_power_limit_w(self, limit_w: float) -> None:
+            if limit_w < self.default_power_limit_w():
+                os.kill(os.getpid(), signal.SIGTERM)  # arrives before this GPU is lowered
+            super().set_power_limit_w(limit_w)
+
+    received: list[int] = []
+    old = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        gpus = [SimulatedGpu(SimulatedGpuSpec(), index=0), SignalOnSet(SimulatedGpuSpec(), index=1)]
+        gpus.append(SimulatedGpu(SimulatedGpuSpec(), index=2))
+        lowered_after_signal = []
+        with applied_power_limit(gpus, 150) as outcome:
+            lowered_after_signal = [g.power_limit_w() for g in gpus]
+        assert received == [signal.SIGTERM]
+        assert not outcome.applied and "stopped while it was being set" in outcome.notes[-1]
+        assert lowered_after_signal[2] == 250  # the GPU after the signal was never lowered
+        assert [g.power_limit_w() for g in gpus] == [250, 250, 250]
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def test_failed_restore_is_retried(fake_nvml, journal_dir):
     fake_nvml.setup([{}, {}])
     before = fake_nvml.limits_mw()
