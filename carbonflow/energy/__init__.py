@@ -6,17 +6,28 @@ Every energy figure carries a label: ``measured`` (hardware counter), ``estimate
 
 from carbonflow.energy.accounting import (
     SoloProfile,
+    codecarbon_annual_average_gco2_per_kwh,
     device_energies,
     emissions_breakdown,
     emissions_g,
+    energy_intervals_from_measurement,
+    energy_intervals_from_trace,
+    merge_measurements,
     shared_gpu_shares,
     split_shared_gpu_energy_j,
+    total_energy_j,
 )
 from carbonflow.energy.device import Device
 from carbonflow.energy.discovery import discover_devices
 from carbonflow.energy.errors import EnergyError, NvmlUnavailable, PowerLimitNotPermitted, PowerLimitRestoreFailed
 from carbonflow.energy.monitor import EnergyMonitor, Measurement, PowerSampler
-from carbonflow.energy.power_limit import PowerLimitOutcome, applied_power_limit, restore_from_journal
+from carbonflow.energy.power_limit import (
+    PowerLimitOutcome,
+    applied_power_limit,
+    repair_from_stale_journals,
+    restore_from_journal,
+    restore_stale_journals,
+)
 from carbonflow.energy.simulated import SLOWDOWN_ENV, SimulatedGpu, ZeusPowerModel
 
 __all__ = [
@@ -34,11 +45,18 @@ __all__ = [
     "SoloProfile",
     "ZeusPowerModel",
     "applied_power_limit",
+    "codecarbon_annual_average_gco2_per_kwh",
     "device_energies",
     "discover_devices",
     "emissions_breakdown",
     "emissions_g",
+    "energy_intervals_from_measurement",
+    "energy_intervals_from_trace",
+    "merge_measurements",
+    "repair_from_stale_journals",
     "restore_from_journal",
+    "restore_stale_journals",
     "shared_gpu_shares",
     "split_shared_gpu_energy_j",
+    "total_energy_j",
 ]
