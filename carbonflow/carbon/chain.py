@@ -199,10 +199,14 @@ class ForecastChain:
         )
 
 
+_FIELD_ALIASES = {"url": ("url", "base_url", "host")}
+
+
 def _cred(credentials: Mapping[str, Mapping[str, Any]], provider: str, field: str, env: str) -> str | None:
-    value = (credentials.get(provider) or {}).get(field)
-    if value:
-        return str(value)
+    values = credentials.get(provider) or {}
+    for name in _FIELD_ALIASES.get(field, (field,)):
+        if values.get(name):
+            return str(values[name])
     return os.environ.get(env) or None
 
 
@@ -230,12 +234,14 @@ def default_chain(
 
     ``credentials`` come from Airflow connections (the operator passes plain values), e.g.
     ``{"electricitymaps": {"token": ...}, "watttime": {"username": ..., "password": ...},
-    "carbon-aware-sdk": {"url": ...}, "neso": {"url": ...}}``; missing values are read from
+    "carbon-aware-sdk": {"url": ...}, "neso": {"url": ...}}`` (``carbon_aware_sdk`` and ``base_url`` are
+    accepted too; empty values count as missing); missing values are read from
     ``CARBONFLOW_ELECTRICITYMAPS_TOKEN``, ``CARBONFLOW_WATTTIME_USERNAME``/``_PASSWORD`` and
     ``CARBONFLOW_CARBON_AWARE_SDK_URL``. ``replay=True`` serves the shipped NESO replay (and ``replay_traces``)
     instead of live APIs, labelled as replay.
     """
-    creds: dict[str, dict] = {k.lower(): dict(v) for k, v in (credentials or {}).items()}
+    # provider keys as the operators' hooks or credentials.py give them: carbon_aware_sdk == carbon-aware-sdk
+    creds: dict[str, dict] = {k.lower().replace("_", "-"): dict(v or {}) for k, v in (credentials or {}).items()}
     if replay:
         rp = ReplayProvider.default()
         if replay_traces:

@@ -9,6 +9,7 @@ actuals unchanged with ``synthetic_error=False`` (perfect foresight, and it says
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -81,6 +82,11 @@ class ReplayProvider:
 
     def trace(self, region: str) -> Trace:
         key = self.aliases.get(region.upper(), region.upper())
+        if key not in self._traces:  # a cloud region or GB sub-region: its grid zone (e.g. aws:eu-west-2 -> GB)
+            from carbonflow.carbon.regions import resolve_region
+
+            with contextlib.suppress(ValueError):
+                key = resolve_region(region).grid_zone.upper()
         if key not in self._traces:
             raise RegionNotSupported(
                 f"region={region!r} is not in replay {self.name}; allowed: {', '.join(self.regions)}"

@@ -239,3 +239,15 @@ def test_connection_fields_map_to_chain_credentials(httpserver):
     now = datetime(2022, 10, 21, 6, 20, tzinfo=UTC)
     fc = chain.forecast("azure:centralus", now, now + timedelta(hours=5))
     assert fc.provider == "carbon-aware-sdk" and fc.signal_kind == "marginal"
+
+
+def test_operator_hook_shaped_credentials_are_accepted(httpserver):
+    sdk = (FIX / "carbon-aware-sdk" / "GET_emissions_forecasts_current_location_centralus_windowSize_30.json")
+    httpserver.expect_request("/emissions/forecasts/current").respond_with_data(sdk.read_text(),
+                                                                               content_type="application/json")
+    creds = {"carbon_aware_sdk": {"base_url": httpserver.url_for("")}, "electricitymaps": {"token": ""}}
+    chain = default_chain(creds, timeout_s=0.5, retries=0)
+    now = datetime(2022, 10, 21, 6, 20, tzinfo=UTC)
+    fc = chain.forecast("azure:centralus", now, now + timedelta(hours=5))
+    assert fc.provider == "carbon-aware-sdk"
+    assert any("skipped electricitymaps: electricitymaps: no token" in n for n in fc.notes)
