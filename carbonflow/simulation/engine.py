@@ -236,6 +236,7 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
     next_host = 0
 
     heap: list[tuple[float, int, int, int, int]] = []
+    heappush, heappop = heapq.heappush, heapq.heappop
     seq = 0
     free = ctx.cluster.gpus
     queue: list[int] = []  # heap of job indices: FIFO by submission order (the trace is sorted)
@@ -327,7 +328,7 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
         return True
 
     def try_start(t: float) -> None:
-        nonlocal free
+        nonlocal free, seq
         while queue:
             j = queue[0]
             g = gpus[j]
@@ -350,27 +351,23 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
                 return
             if free < g:
                 return
-            heapq.heappop(queue)
+            heappop(queue)
             free -= g
             lim = policy.power_limit_w(j, t)
             p, s = solo(jtype[j], lim)
             limit_of[j], pw[j], sd[j] = lim, p, s
             start[j] = t
             rem[j], last[j], rate[j] = dur[j], t, 1.0 / s
-            reschedule(j, t)
-            policy.job_started(j, t, limit_of[j])
+            seq += 1
+            heappush(heap, (t + dur[j] * s, seq, _FINISH, j, ver[j]))
+            policy.job_started(j, t, lim)
 
     def finish(j: int, t: float) -> None:
-        nonlocal free, energy, carbon_int, busy
+        nonlocal free
         end[j] = t
         h = host_of[j]
-        if h < 0:
-            g = gpus[j]
-            t0 = start[j]
-            energy += g * pw[j] * (t - t0)
-            carbon_int += g * pw[j] * grid_integral(t0, t)
-            busy += g * (t - t0)
-            free += g
+        if h < 0:  # exclusive: its energy and emissions are summed, vectorised, after the run
+            free += gpus[j]
         else:
             close(h, t)
             members = host_jobs[h]
@@ -392,7 +389,6 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
 
     ai = 0
     inf = math.inf
-    heappop = heapq.heappop
     while ai < n or heap:
         t_arr = submit[ai] if ai < n else inf
         if heap and heap[0][0] <= t_arr:
@@ -419,13 +415,21 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
     if queue:
         raise SimulationError(f"{len(queue)} jobs never started (policy {policy.name!r})")
 
+    start_a, end_a, gpus_a = np.asarray(start), np.asarray(end), np.asarray(gpus, dtype=float)
+    excl = np.asarray(host_of) < 0
+    if np.any(excl):
+        watts = gpus_a[excl] * np.asarray(pw)[excl]
+        energy += float(np.sum(watts * (end_a[excl] - start_a[excl])))
+        carbon_int += float(np.sum(watts * ctx.grid.integral_many(start_a[excl], end_a[excl])))
+        busy += float(np.sum(gpus_a[excl] * (end_a[excl] - start_a[excl])))
+
     return SimResult(
         policy=policy.name,
         gpus=ctx.cluster.gpus,
         submit_s=np.asarray(submit),
         release_s=np.asarray(release),
-        start_s=np.asarray(start),
-        end_s=np.asarray(end),
+        start_s=start_a,
+        end_s=end_a,
         deadline_s=np.asarray(jobs.deadline_s),
         num_gpus=np.asarray(gpus),
         colocated=np.asarray(colocated),

@@ -94,6 +94,18 @@ class CarbonGrid:
         """∫ intensity dt over simulated [t0, t1], in gCO2e/kWh · s."""
         return self._F(t1_s) - self._F(t0_s)
 
+    def integral_many(self, t0_s: np.ndarray, t1_s: np.ndarray) -> np.ndarray:
+        """Vectorised :meth:`integral` over arrays of windows."""
+        return self._F_many(np.asarray(t1_s, dtype=float)) - self._F_many(np.asarray(t0_s, dtype=float))
+
+    def _F_many(self, t_s: np.ndarray) -> np.ndarray:
+        u = t_s + self.offset_s
+        wraps = np.floor(u / self.period_s)
+        r = u - wraps * self.period_s
+        i = np.minimum((r // self.step_s).astype(np.int64), len(self.values) - 1)
+        cum = np.asarray(self._cum)
+        return wraps * self._total + cum[i] + (r - i * self.step_s) * self.values[i]
+
     def emissions_g(self, power_w: float, t0_s: float, t1_s: float) -> float:
         """Grams CO2e of drawing ``power_w`` constantly over simulated [t0, t1]."""
         return power_w * self.integral(t0_s, t1_s) / J_PER_KWH
