@@ -13,7 +13,7 @@ from pathlib import Path
 import requests
 
 MLFLOW_BIN = Path(sys.executable).with_name("mlflow")
-START_TIMEOUT_S = 90
+START_TIMEOUT_S = 180
 
 
 def free_port() -> int:

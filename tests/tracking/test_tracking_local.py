@@ -1,0 +1,90 @@
+"""The embedded default store (no server), input checks, and the spool's durability."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import tracking_factories as f
+
+from carbonflow.tracking import schema
+from carbonflow.tracking.history import realised_vs_predicted, recurrence_index
+from carbonflow.tracking.logger import log_training_run, training_record
+from carbonflow.tracking.records import TrackingOutcome
+from carbonflow.tracking.spool import deliver, pending, replay_spool
+from carbonflow.tracking.store import client_for
+from carbonflow.tracking.uri import tracking_uri
+
+
+def _closed_port_uri() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_embedded_default_store_keeps_artifacts_under_home(home: Path, files: dict[str, Path]) -> None:
+    outcome = log_training_run(
+        f.job_spec(), f.plan(), f.result(), forecast=f.forecast(), power_trace_csv=files["trace"]
+    )
+    assert not outcome.spooled, outcome.reason
+    assert outcome.tracking_uri == f"sqlite:///{home / 'mlflow.db'}" == tracking_uri()
+    run = client_for(outcome.tracking_uri).get_run(outcome.run_id)
+    assert run.info.artifact_uri.startswith((home / "mlartifacts" / "carbonflow-digits").as_uri())
+    stored = home / "mlartifacts" / "carbonflow-digits" / outcome.run_id / "artifacts"
+    assert {"plan.json", "result.json", "power_trace.csv", "pareto.png", "forecast.png"} <= {
+        p.name for p in stored.iterdir()
+    }
+    assert not (Path.cwd() / "mlruns").exists() or not any((Path.cwd() / "mlruns").iterdir())
+    assert [r.run_id for r in realised_vs_predicted("digits")] == [outcome.run_id]
+    assert recurrence_index("digits") == 2
+
+
+def test_bad_input_names_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"plan\.job='other' does not match spec\.name='digits'"):
+        training_record(f.job_spec(), f.plan("other"), f.result(), workdir=tmp_path)
+    with pytest.raises(ValueError, match=r"result\.job='other'"):
+        training_record(f.job_spec(), f.plan(), f.result("other"), workdir=tmp_path)
+    with pytest.raises(ValueError, match=r"power_trace_csv=.*is not a file"):
+        training_record(f.job_spec(), f.plan(), f.result(), workdir=tmp_path, power_trace_csv=tmp_path / "no.csv")
+    with pytest.raises(ValueError, match=r"model_path=.*does not exist"):
+        training_record(f.job_spec(), f.plan(), f.result(), workdir=tmp_path, model_path=tmp_path / "no.pt")
+
+
+def test_failed_training_is_logged_failed_and_not_registered(home: Path, files: dict[str, Path]) -> None:
+    outcome = log_training_run(f.job_spec(), f.plan(), f.result(exit_code=3), model_path=files["model"])
+    run = client_for(outcome.tracking_uri).get_run(outcome.run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.metrics["exit_code"] == 3
+    assert run.data.tags[schema.T_MODEL_REGISTERED] == "false"
+    assert outcome.model_version is None
+
+
+def test_spool_survives_the_loss_of_the_original_files(home: Path, tmp_path: Path, files: dict[str, Path]) -> None:
+    dead = _closed_port_uri()
+    work = tmp_path / "work"
+    record = training_record(
+        f.job_spec(), f.plan(), f.result(), workdir=work, power_trace_csv=files["trace"], model_path=files["model"]
+    )
+    outcome = deliver(record, dead)
+    assert isinstance(outcome, TrackingOutcome) and outcome.spooled
+    assert "unreachable" in (outcome.reason or "")
+    for path in work.iterdir():  # the temporary files are gone, as after log_training_run returns
+        path.unlink()
+    files["trace"].unlink()
+    assert replay_spool(dead) == 0  # still down: nothing written, nothing lost
+    [entry] = pending(tracking_uri=dead)
+    assert entry.record.idempotency_key == record.idempotency_key
+
+    embedded = f"sqlite:///{home / 'mlflow.db'}"
+    assert replay_spool(embedded) == 0, "entries meant for another store are not taken by default"
+    assert replay_spool(embedded, all_targets=True) == 1
+    assert pending() == []
+    client = client_for(embedded)
+    [run] = client.search_runs(
+        [client.get_experiment_by_name("carbonflow/digits").experiment_id],
+        filter_string=f"tags.`{schema.T_IDEMPOTENCY_KEY}` = '{record.idempotency_key}'",
+    )
+    assert run.data.tags[schema.T_SPOOLED] == "true"
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"plan.json", "power_trace.csv", "model"} <= names
