@@ -264,6 +264,11 @@ def applied_power_limit(
         else:
             outcome.applied = True
             outcome.notes.append(f"power limit {limit_w:g} W applied to {len(settable)} GPU(s)")
+            for dev in settable:
+                if dev.mig:
+                    outcome.notes.append(
+                        f"{dev.describe()} is in MIG mode: the limit applies to the whole GPU, all instances"
+                    )
         yield outcome
     finally:
         try:

@@ -91,6 +91,17 @@ def test_split_input_errors():
         shared_gpu_shares([SoloProfile("a", 1, 1), SoloProfile("a", 1, 1)])
 
 
+@given(
+    st.lists(st.tuples(st.floats(0, 7200), st.floats(0, 3600), st.floats(0, 1e7)), min_size=1, max_size=8),
+    st.floats(0, 1000),
+)
+def test_constant_intensity_gives_energy_times_intensity(spans, intensity):
+    points = _points(*([intensity] * 8))  # 4 h of half-hour slots, all equal
+    intervals = [(T0 + timedelta(seconds=a), T0 + timedelta(seconds=a + d), e) for a, d, e in spans]
+    total_kwh = sum(e for _, _, e in spans) / 3.6e6
+    assert emissions_g(intervals, points) == pytest.approx(total_kwh * intensity, rel=1e-9, abs=1e-9)
+
+
 def test_emissions_integrate_over_slots():
     # 3.6 MJ (1 kWh) spread over 1 h crossing two half-hour slots at 100 and 300 g/kWh
     intervals = [(T0, T0 + timedelta(hours=1), 3.6e6)]

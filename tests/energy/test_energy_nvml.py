@@ -139,6 +139,12 @@ def test_mig_mode_flagged_device_level(fake_nvml):
     assert mig.id == state["devices"][0]["uuid"] and mig.mig and mig.mig_instance_uuid == "MIG-1111-2222"
 
 
+def test_mig_limit_note(fake_nvml, journal_dir):
+    fake_nvml.setup([{"arch": 7, "mig_mode": 1}])
+    with applied_power_limit(nvml_devices(), 200) as outcome:
+        assert outcome.applied and "whole GPU, all instances" in outcome.notes[-1]
+
+
 def test_no_permission_is_surfaced(fake_nvml):
     fake_nvml.setup([{"set_permission": False}])
     (gpu,) = nvml_devices()
