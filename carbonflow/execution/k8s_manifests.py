@@ -142,33 +142,36 @@ def run_name(spec: JobSpec, unique: str | None = None) -> str:
     return dns_name("cf", spec.name[:36], suffix, max_length=48)
 
 
-def training_command(spec: JobSpec) -> list[str]:
-    """The command the wrapper runs: the job's own command, or the built-in workload module."""
-    if spec.command:
-        return list(spec.command)
-    if spec.workload:
-        return ["python", "-m", f"carbonflow.workloads.{spec.workload}"]
-    # An image-only job: the image's own entrypoint is unknown to Kubernetes once we override it.
-    raise ValueError(
-        f"job {spec.name!r}: command=None and workload=None; the Kubernetes backend needs a command to pass to "
-        "`carbonflow run -- <command>` (set JobSpec.command to the image's training command)"
-    )
+def container_command(spec: JobSpec, plan: Plan) -> list[str]:
+    """The command the wrapper runs in one container: one rank of the plan (never torch's local launcher:
+    on Kubernetes each rank is its own pod, wired by MASTER_ADDR/WORLD_SIZE/RANK)."""
+    from carbonflow.execution.commands import training_command
+
+    if spec.command is None and spec.workload is None:
+        # An image-only job: the image's own entrypoint is unknown to Kubernetes once we override it.
+        raise ValueError(
+            f"job {spec.name!r}: command=None and workload=None; the Kubernetes backend needs a command to pass to "
+            "`carbonflow run -- <command>` (set JobSpec.command to the image's training command)"
+        )
+    return training_command(spec, plan.config.model_copy(update={"containers": 1}), python="python")
 
 
-def wrapper_arguments(spec: JobSpec, settings: KubernetesSettings) -> list[str]:
+def wrapper_arguments(
+    spec: JobSpec,
+    plan: Plan,
+    settings: KubernetesSettings,
+    *,
+    profile_steps: int | None = None,
+    warmup_steps: int = 0,
+) -> list[str]:
     """``run --job ... --plan ... --result ... -- <command>`` (the container command is ``carbonflow``)."""
     mount = settings.config_mount_path.rstrip("/")
-    return [
-        "run",
-        "--job",
-        f"{mount}/job.json",
-        "--plan",
-        f"{mount}/plan.json",
-        "--result",
-        settings.result_path,
-        "--",
-        *training_command(spec),
-    ]
+    args = ["run", "--job", f"{mount}/job.json", "--plan", f"{mount}/plan.json", "--result", settings.result_path]
+    if warmup_steps:
+        args += ["--warmup-steps", str(warmup_steps)]
+    if profile_steps is not None:
+        args += ["--profile-steps", str(profile_steps)]
+    return [*args, "--", *container_command(spec, plan)]
 
 
 def uses_gpu(spec: JobSpec) -> bool:
@@ -214,8 +217,19 @@ class ManifestBuilder:
         self.config_file = config_file
         self.cluster_context = cluster_context
 
-    def build(self, spec: JobSpec, plan: Plan, *, name: str | None = None) -> KubernetesManifests:
-        """All objects for ``plan``: a Pod for one container, an Indexed Job + headless Service for more."""
+    def build(
+        self,
+        spec: JobSpec,
+        plan: Plan,
+        *,
+        name: str | None = None,
+        profile_steps: int | None = None,
+        warmup_steps: int = 0,
+    ) -> KubernetesManifests:
+        """All objects for ``plan``: a Pod for one container, an Indexed Job + headless Service for more.
+
+        ``profile_steps``/``warmup_steps`` run the wrapper in profile mode (stop after the budgeted steps).
+        """
         if plan.job != spec.name:
             raise ValueError(f"plan.job={plan.job!r} does not match spec.name={spec.name!r}; they must be equal")
         containers = plan.config.containers
@@ -224,6 +238,9 @@ class ManifestBuilder:
                 f"plan.config.containers={containers} is outside the job's range "
                 f"[{spec.min_containers}, {spec.max_containers}]"
             )
+        if profile_steps is not None and profile_steps < 1:
+            raise ValueError(f"profile_steps={profile_steps} is not allowed; it must be >= 1 or None")
+        args = wrapper_arguments(spec, plan, self.settings, profile_steps=profile_steps, warmup_steps=warmup_steps)
         name = name or run_name(spec)
         labels = {
             LABEL_APP: "carbonflow",
@@ -238,10 +255,10 @@ class ManifestBuilder:
             labels=labels,
         )
         if containers == 1:
-            manifests.pod = self._pod_operator(spec, plan, name, labels).build_pod_request_obj(dry_run=True)
+            manifests.pod = self._pod_operator(spec, plan, name, labels, args).build_pod_request_obj(dry_run=True)
         else:
             manifests.service = self._headless_service(name, labels)
-            manifests.job = self._job_operator(spec, plan, name, labels).build_job_request_obj()
+            manifests.job = self._job_operator(spec, plan, name, labels, args).build_job_request_obj()
         return manifests
 
     # -- pieces -------------------------------------------------------------------------------------------------
@@ -271,7 +288,9 @@ class ManifestBuilder:
             ),
         )
 
-    def _common_kwargs(self, spec: JobSpec, plan: Plan, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    def _common_kwargs(
+        self, spec: JobSpec, plan: Plan, name: str, labels: dict[str, str], args: list[str]
+    ) -> dict[str, Any]:
         from kubernetes.client import models as k8s
 
         s = self.settings
@@ -324,7 +343,7 @@ class ManifestBuilder:
             "image": spec.image or s.image,
             "image_pull_policy": s.image_pull_policy,
             "cmds": ["carbonflow"],
-            "arguments": wrapper_arguments(spec, s),
+            "arguments": list(args),
             "env_vars": [k8s.V1EnvVar(name=k, value=v) for k, v in env.items()],
             "labels": dict(labels),
             "annotations": annotations,
@@ -344,19 +363,19 @@ class ManifestBuilder:
             "cluster_context": self.cluster_context,
         }
 
-    def _pod_operator(self, spec: JobSpec, plan: Plan, name: str, labels: dict[str, str]) -> Any:
+    def _pod_operator(self, spec: JobSpec, plan: Plan, name: str, labels: dict[str, str], args: list[str]) -> Any:
         from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
         return KubernetesPodOperator(
-            task_id=f"carbonflow_{name.replace('-', '_')}", **self._common_kwargs(spec, plan, name, labels)
+            task_id=f"carbonflow_{name.replace('-', '_')}", **self._common_kwargs(spec, plan, name, labels, args)
         )
 
-    def _job_operator(self, spec: JobSpec, plan: Plan, name: str, labels: dict[str, str]) -> Any:
+    def _job_operator(self, spec: JobSpec, plan: Plan, name: str, labels: dict[str, str], args: list[str]) -> Any:
         from airflow.providers.cncf.kubernetes.operators.job import JOB_NAME_PREFIX, KubernetesJobOperator
         from kubernetes.client import models as k8s
 
         world_size = plan.config.containers
-        kwargs = self._common_kwargs(spec, plan, name, labels)
+        kwargs = self._common_kwargs(spec, plan, name, labels, args)
         job_name = f"{JOB_NAME_PREFIX}{name}"
         kwargs["env_vars"] = [
             *kwargs["env_vars"],

@@ -1,13 +1,16 @@
 """Kubernetes execution backend: the same ``Plan`` in, the same ``RunResult`` out, on a cluster.
 
-``KubernetesBackend(settings).run(spec, plan)``:
+``KubernetesBackend(settings).execute(spec, plan)`` (the same contract as the local backend: the wrapper's
+measurements, a :class:`~carbonflow.execution.wrapper.WrappedRun`) and ``.run(spec, plan, points)`` (a
+:class:`RunResult`, accounted with :func:`carbonflow.execution.results.to_run_result`):
 
 1. builds the objects with :class:`~carbonflow.execution.k8s_manifests.ManifestBuilder` (the cncf-kubernetes
    provider's pod / job operators) and validates them offline against the Kubernetes schema;
 2. creates the ConfigMap (job.json, plan.json), then the Pod — or the headless Service and Indexed Job;
 3. polls until the pod (every rank) terminated, failing fast on image-pull / config errors;
-4. reads each rank's ``RunResult`` from its termination message (``carbonflow run --result
-   /dev/termination-log``), falling back to the last JSON line of the pod log, and merges the ranks;
+4. reads each rank's ``WrappedRun`` from its termination message (``carbonflow run --result
+   /dev/termination-log``), falling back to a ``CARBONFLOW_RESULT {json}`` line of the pod log, and merges
+   the ranks (devices keyed by node; a device two ranks on one node both measured is counted once);
 5. deletes everything it created, whatever happened (``finally``), with a grace period so that the
    wrapper's SIGTERM handler restores power limits through zeusd.
 
@@ -36,7 +39,8 @@ from carbonflow.execution.k8s_manifests import (
     ManifestBuilder,
     validate_manifest,
 )
-from carbonflow.models import JobSpec, Plan, RunResult
+from carbonflow.execution.wrapper import WrappedRun
+from carbonflow.models import ForecastPoint, JobSpec, Plan, RunResult
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +57,13 @@ class KubernetesRunError(RuntimeError):
     """A run that did not produce a result: names the object, its phase/reason and the log tail."""
 
 
-def parse_result_text(text: str | None) -> RunResult | None:
-    """A ``RunResult`` from a termination message or a log: the whole text, else its last result line."""
+def parse_result_text(text: str | None) -> WrappedRun | None:
+    """A ``WrappedRun`` from a termination message or a log: the whole text, else its last result line."""
     if not text:
         return None
     stripped = text.strip()
     try:
-        return RunResult.model_validate_json(stripped)
+        return WrappedRun.model_validate_json(stripped)
     except ValidationError:
         pass
     for line in reversed(stripped.splitlines()):
@@ -69,66 +73,63 @@ def parse_result_text(text: str | None) -> RunResult | None:
         if not line.startswith("{"):
             continue
         try:
-            return RunResult.model_validate_json(line)
+            return WrappedRun.model_validate_json(line)
         except ValidationError:
             continue
     return None
 
 
-def merge_rank_results(results: list[RunResult]) -> RunResult:
-    """One ``RunResult`` for a multi-container run: energy and samples summed over ranks, metrics of rank 0.
+def merge_ranks(ranks: list[tuple[str, WrappedRun]]) -> WrappedRun:
+    """One ``WrappedRun`` for a multi-container run from ``(node name, rank's run)`` pairs ordered by rank.
 
-    ``results`` are ordered by rank. Device ids get a ``rank<i>/`` prefix so that two nodes' GPU 0 differ.
+    Devices are keyed ``<node>/<device id>``; when ranks on one node measured the same device (the node's CPU)
+    over overlapping windows it is counted once, from the widest view (the largest energy). Samples add up;
+    steps, metrics and the measured window are rank 0's (data-parallel ranks step together).
     """
-    if not results:
-        raise ValueError("results=[] is not allowed; give at least one rank's RunResult")
-    if len(results) == 1:
-        return results[0]
-    first = results[0]
-    started = min(r.started_at for r in results)
-    ended = max(r.ended_at for r in results)
+    if not ranks:
+        raise ValueError("ranks=[] is not allowed; give at least one rank's WrappedRun")
+    if len(ranks) == 1:
+        return ranks[0][1]
+    first = ranks[0][1]
+    started = min(r.started_at for _, r in ranks)
+    ended = max(r.ended_at for _, r in ranks)
+    devices: dict[str, Any] = {}
+    notes = list(dict.fromkeys(n for _, r in ranks for n in r.notes))
+    measured: dict[str, float] = {}
+    for node, run in ranks:
+        for device in run.devices:
+            key = f"{node}/{device.device_id}"
+            if key in devices:
+                if device.energy_j > devices[key].energy_j:
+                    devices[key] = device.model_copy(update={"device_id": key})
+                notes.append(f"device {key} was measured by several ranks on one node: counted once")
+            else:
+                devices[key] = device.model_copy(update={"device_id": key})
+        for dev, energy in run.measured_energy_j.items():
+            key = f"{node}/{dev}"
+            measured[key] = max(measured.get(key, 0.0), energy)
     duration_s = (ended - started).total_seconds()
-    devices = []
-    for rank, result in enumerate(results):
-        for device in result.devices:
-            devices.append(device.model_copy(update={"device_id": f"rank{rank}/{device.device_id}"}))
-    energy_total_j = sum(r.energy_total_j for r in results)
-    emissions_g = sum(r.emissions_g for r in results)
-    intensity = (
-        sum(r.carbon_intensity_mean_gco2_per_kwh * r.energy_total_j for r in results) / energy_total_j
-        if energy_total_j > 0
-        else first.carbon_intensity_mean_gco2_per_kwh
-    )
-    samples = sum(r.samples for r in results)
-    labels = sorted({label for r in results for label in r.energy_labels})
-    notes = list(dict.fromkeys(n for r in results for n in r.notes))
-    notes.append(f"merged from {len(results)} ranks (Kubernetes Indexed Job)")
-    counterfactual = [r.emissions_run_now_default_g for r in results]
-    run_now_g = sum(counterfactual) if all(c is not None for c in counterfactual) else None  # type: ignore[misc]
-    saving_g = run_now_g - emissions_g if run_now_g is not None else None
-    return RunResult(
+    samples = sum(r.samples for _, r in ranks)
+    notes.append(f"merged from {len(ranks)} ranks (Kubernetes Indexed Job)")
+    return WrappedRun(
         job=first.job,
-        config=first.config,
+        config_key=first.config_key,
         started_at=started,
         ended_at=ended,
         duration_s=duration_s,
-        devices=devices,
-        energy_gpu_j=sum(r.energy_gpu_j for r in results),
-        energy_cpu_j=sum(r.energy_cpu_j for r in results),
-        energy_total_j=energy_total_j,
-        energy_labels=labels,
-        emissions_g=emissions_g,
-        carbon_intensity_mean_gco2_per_kwh=intensity,
+        exit_code=next((r.exit_code for _, r in ranks if r.exit_code != 0), 0),
+        devices=list(devices.values()),
+        steps=first.steps,
         samples=samples,
         throughput_samples_per_s=samples / duration_s if duration_s > 0 else 0.0,
+        measured_window_s=first.measured_window_s,
+        measured_samples=sum(r.measured_samples for _, r in ranks),
+        measured_energy_j=measured,
+        measured_energy_window_s=first.measured_energy_window_s,
         metrics=dict(first.metrics),
-        exit_code=next((r.exit_code for r in results if r.exit_code != 0), 0),
-        power_limit_applied=all(r.power_limit_applied for r in results),
-        notes=notes,
-        emissions_run_now_default_g=run_now_g,
-        saving_g=saving_g,
-        saving_fraction=(saving_g / run_now_g) if saving_g is not None and run_now_g else None,
-        artifacts=dict(first.artifacts),
+        power_limit_applied=all(r.power_limit_applied for _, r in ranks),
+        power_limit_w=first.power_limit_w,
+        notes=list(dict.fromkeys(notes)),
     )
 
 
@@ -181,29 +182,67 @@ class KubernetesBackend:
 
     # -- public ---------------------------------------------------------------------------------------------------
 
-    def build(self, spec: JobSpec, plan: Plan) -> KubernetesManifests:
-        """The validated objects ``run`` would create (a dry run: nothing is sent to the cluster)."""
-        manifests = self.builder.build(spec, plan)
+    def build(
+        self, spec: JobSpec, plan: Plan, *, profile_steps: int | None = None, warmup_steps: int = 0
+    ) -> KubernetesManifests:
+        """The validated objects ``execute`` would create (a dry run: nothing is sent to the cluster)."""
+        manifests = self.builder.build(spec, plan, profile_steps=profile_steps, warmup_steps=warmup_steps)
         for obj in manifests.to_dicts():
             validate_manifest(obj)
         return manifests
 
-    def run(self, spec: JobSpec, plan: Plan) -> RunResult:
-        """Launch, wait, read the result, delete. Raises :class:`KubernetesRunError` when no result came back."""
-        manifests = self.build(spec, plan)
+    def run(
+        self,
+        spec: JobSpec,
+        plan: Plan,
+        intensity_points: list[ForecastPoint] | None = None,
+        *,
+        fallback_gco2_per_kwh: float | None = None,
+    ) -> RunResult:
+        """Launch, wait, read, delete, then account energy and emissions against ``intensity_points``."""
+        from carbonflow.execution.results import to_run_result
+
+        wrapped = self.execute(spec, plan)
+        return to_run_result(wrapped, plan, intensity_points, fallback_gco2_per_kwh=fallback_gco2_per_kwh)
+
+    def execute(
+        self,
+        spec: JobSpec,
+        plan: Plan,
+        *,
+        run_name: str = "train",
+        profile_steps: int | None = None,
+        warmup_steps: int = 0,
+        trace: bool = False,
+        timeout_s: float | None = None,
+    ) -> WrappedRun:
+        """Launch, wait, read the measurements, delete (same signature as ``LocalBackend.execute``).
+
+        Raises :class:`KubernetesRunError` when no result came back. ``trace`` is ignored: a power trace
+        would stay inside the pod; emissions are spread over the run window instead. ``run_name`` only
+        labels the log line.
+        """
+        manifests = self.build(spec, plan, profile_steps=profile_steps, warmup_steps=warmup_steps)
+        log.info("%s: running %s of %s on Kubernetes as %s %s", run_name, plan.config.key(), spec.name,
+                 manifests.kind, manifests.name)
+        deadline_s = timeout_s if timeout_s is not None else self.run_timeout_s
         self._current = manifests
         self._stop.clear()
         created: list[tuple[str, str]] = []
         try:
             self._create(manifests, created)
             if manifests.job is not None:
-                pods = self._wait_job(manifests)
+                pods = self._wait_job(manifests, deadline_s)
             else:
-                pods = [self._wait_pod(manifests.namespace, manifests.pod.metadata.name)]
+                pods = [self._wait_pod(manifests.namespace, manifests.pod.metadata.name, deadline_s)]
             return self._collect(manifests, pods)
         finally:
             self._delete(manifests, created)
             self._current = None
+
+    def kill(self) -> None:
+        """``LocalBackend.kill`` counterpart (Airflow ``on_kill``)."""
+        self.stop()
 
     def stop(self) -> None:
         """Stop the current run (Airflow ``on_kill``): delete its pods with a grace period for the wrapper."""
@@ -264,7 +303,7 @@ class KubernetesBackend:
                 if exc.status != 404:
                     log.warning("could not delete %s %s/%s: %s", kind, ns, name, exc.reason)
 
-    def _deadline_check(self, started: float, phase: str | None, what: str) -> None:
+    def _deadline_check(self, started: float, phase: str | None, what: str, run_timeout_s: float | None) -> None:
         elapsed = self._clock() - started
         if self._stop.is_set():
             raise KubernetesRunError(f"{what}: stopped (on_kill) after {elapsed:.0f} s")
@@ -273,8 +312,8 @@ class KubernetesBackend:
                 f"{what} still {phase or 'not scheduled'} after {elapsed:.0f} s (startup_timeout_s="
                 f"{self.startup_timeout_s:g}); check GPU capacity, node selector and tolerations"
             )
-        if self.run_timeout_s is not None and elapsed > self.run_timeout_s:
-            raise KubernetesRunError(f"{what} exceeded run_timeout_s={self.run_timeout_s:g}")
+        if run_timeout_s is not None and elapsed > run_timeout_s:
+            raise KubernetesRunError(f"{what} exceeded its timeout of {run_timeout_s:g} s")
 
     def _fatal_waiting(self, pod: Any) -> str | None:
         for status in (pod.status.container_statuses or []) if pod.status else []:
@@ -295,7 +334,7 @@ class KubernetesBackend:
             why = "stopped (on_kill)" if self._stop.is_set() else "deleted while running (evicted or removed)"
             raise KubernetesRunError(f"{kind} {namespace}/{name}: {why}") from None
 
-    def _wait_pod(self, namespace: str, name: str) -> Any:
+    def _wait_pod(self, namespace: str, name: str, run_timeout_s: float | None) -> Any:
         started = self._clock()
         while True:
             pod = self._read_or_gone(self.core.read_namespaced_pod, "Pod", name, namespace)
@@ -305,10 +344,10 @@ class KubernetesBackend:
             fatal = self._fatal_waiting(pod)
             if fatal:
                 raise KubernetesRunError(f"Pod {namespace}/{name} cannot start: {fatal}")
-            self._deadline_check(started, phase, f"Pod {namespace}/{name}")
+            self._deadline_check(started, phase, f"Pod {namespace}/{name}", run_timeout_s)
             self._stop.wait(self.poll_interval_s)
 
-    def _wait_job(self, manifests: KubernetesManifests) -> list[Any]:
+    def _wait_job(self, manifests: KubernetesManifests, run_timeout_s: float | None) -> list[Any]:
         ns, name = manifests.namespace, manifests.job.metadata.name
         completions = manifests.job.spec.completions
         started = self._clock()
@@ -330,7 +369,7 @@ class KubernetesBackend:
                 if status and (status.active or 0) > 0 and any(p.status and p.status.phase == "Running" for p in pods)
                 else "Pending"
             )
-            self._deadline_check(started, phase, f"Job {ns}/{name}")
+            self._deadline_check(started, phase, f"Job {ns}/{name}", run_timeout_s)
             self._stop.wait(self.poll_interval_s)
 
     @staticmethod
@@ -370,10 +409,10 @@ class KubernetesBackend:
         except ApiException as exc:
             return f"(log unavailable: {exc.status} {exc.reason})"
 
-    def _collect(self, manifests: KubernetesManifests, pods: list[Any]) -> RunResult:
+    def _collect(self, manifests: KubernetesManifests, pods: list[Any]) -> WrappedRun:
         if not pods:
             raise KubernetesRunError(f"{manifests.kind} {manifests.namespace}/{manifests.name}: no pod ran")
-        results: list[RunResult] = []
+        ranks: list[tuple[str, WrappedRun]] = []
         for pod in pods:
             terminated = self._termination(pod)
             result = parse_result_text(terminated.message if terminated else None)
@@ -387,12 +426,13 @@ class KubernetesBackend:
                 tail = "\n".join((log_text or "").splitlines()[-20:])
                 raise KubernetesRunError(
                     f"Pod {pod.metadata.namespace}/{pod.metadata.name} ended phase={pod.status.phase} "
-                    f"exit_code={exit_code} reason={reason} without a RunResult; last log lines:\n{tail}"
+                    f"exit_code={exit_code} reason={reason} without a result; last log lines:\n{tail}"
                 )
             if terminated is not None and terminated.exit_code and result.exit_code == 0:
                 result = result.model_copy(update={"exit_code": terminated.exit_code})
-            results.append(result)
-        merged = merge_rank_results(results)
+            node = (pod.spec.node_name if pod.spec else None) or pod.metadata.name
+            ranks.append((node, result))
+        merged = merge_ranks(ranks)
         note = f"ran on Kubernetes as {manifests.kind} {manifests.namespace}/{manifests.name}"
         return merged.model_copy(update={"notes": [*merged.notes, note]})
 

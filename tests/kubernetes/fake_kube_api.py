@@ -78,8 +78,10 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
 class FakeKubeApi:
     """The fake API server; use as a context manager, then :meth:`write_kubeconfig`."""
 
-    def __init__(self, behaviour: Behaviour | None = None) -> None:
+    def __init__(self, behaviour: Behaviour | None = None,
+                 node_for: Callable[[dict[str, Any]], str] | None = None) -> None:
         self.behaviour = behaviour or (lambda view: ContainerOutcome())
+        self.node_for = node_for or (lambda pod: "gpu-node-a")  # the scheduler's choice
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, ns, name) → object
         self.requests: list[tuple[str, str]] = []  # (method, path) in order
         self.deleted: list[tuple[str, str, str, dict[str, Any]]] = []  # kind, ns, name, delete options
@@ -267,6 +269,8 @@ class FakeKubeApi:
             view = self._view(pod)
             if view is None:  # FailedMount: stays ContainerCreating
                 return
+            pod["spec"]["nodeName"] = self.node_for(pod)
+            view.pod["spec"]["nodeName"] = pod["spec"]["nodeName"]
             self.outcomes[name] = self.behaviour(view)
         outcome = self.outcomes[name]
         self.reads[name] += 1

@@ -14,10 +14,11 @@ from carbonflow.execution.kubernetes import (
     RESULT_LINE_PREFIX,
     KubernetesBackend,
     KubernetesRunError,
-    merge_rank_results,
+    merge_ranks,
     parse_result_text,
 )
-from carbonflow.models import Config, DeviceEnergy, JobSpec, Plan, RunResult
+from carbonflow.execution.wrapper import WrappedRun
+from carbonflow.models import Config, DeviceEnergy, ForecastPoint, JobSpec, Plan
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,20 +35,22 @@ def make_plan(containers: int = 1) -> Plan:
                 reason="test")
 
 
-def container_result(view: ContainerView, *, energy_j: float = 1000.0, accuracy: float = 0.97) -> RunResult:
+def container_result(view: ContainerView, *, energy_j: float = 1000.0, accuracy: float = 0.97) -> WrappedRun:
     """What the wrapper inside the container would write: built from the files/env the container sees."""
     plan = Plan.model_validate_json(view.files["/etc/carbonflow/plan.json"])
     job = JobSpec.model_validate_json(view.files["/etc/carbonflow/job.json"])
     rank = int(view.env.get("RANK", "0"))
     start = datetime(2026, 1, 1, 2, 0, tzinfo=UTC) + timedelta(seconds=rank)
-    return RunResult(
-        job=job.name, config=plan.config, started_at=start, ended_at=start + timedelta(seconds=100),
-        duration_s=100, devices=[DeviceEnergy(device_id="GPU-0", device_model="A100", kind="gpu", energy_j=energy_j,
-                                              label="measured", power_limit_w=plan.config.power_limit_w)],
-        energy_gpu_j=energy_j, energy_cpu_j=0, energy_total_j=energy_j, energy_labels=["measured"],
-        emissions_g=energy_j / 3.6e6 * 200, carbon_intensity_mean_gco2_per_kwh=200, samples=1000 * (rank + 1),
-        throughput_samples_per_s=10, metrics={"test_accuracy": accuracy - rank * 0.01, "rank": float(rank)},
-        emissions_run_now_default_g=energy_j / 3.6e6 * 300,
+    return WrappedRun(
+        job=job.name, config_key=plan.config.key(), started_at=start, ended_at=start + timedelta(seconds=100),
+        duration_s=100, exit_code=0,
+        devices=[DeviceEnergy(device_id="GPU-0", device_model="A100", kind="gpu", energy_j=energy_j,
+                              label="measured", power_limit_w=plan.config.power_limit_w),
+                 DeviceEnergy(device_id="cpu-package-0", device_model="EPYC", kind="cpu", energy_j=200.0 + rank,
+                              label="estimated")],
+        steps=50, samples=1000 * (rank + 1), throughput_samples_per_s=10,
+        metrics={"test_accuracy": accuracy - rank * 0.01, "rank": float(rank)},
+        power_limit_w=plan.config.power_limit_w,
         notes=[f"zeusd={view.env.get('ZEUSD_SOCK_PATH')}", f"world={view.env.get('WORLD_SIZE', '1')}"],
     )
 
@@ -74,9 +77,11 @@ def backend_for(api: FakeKubeApi, **kw) -> KubernetesBackend:
 
 
 def test_one_container_runs_as_a_pod_and_everything_is_deleted(kube):
-    result = backend_for(kube).run(make_spec(), make_plan(1))
+    points = [ForecastPoint(start=datetime(2026, 1, 1, 1, 30, tzinfo=UTC), length_s=3600, gco2_per_kwh=180.0)]
+    result = backend_for(kube).run(make_spec(), make_plan(1), points)
     assert result.job == "resnet_nightly"
-    assert result.energy_total_j == 1000
+    assert result.energy_total_j == pytest.approx(1200)
+    assert result.emissions_g == pytest.approx(1200 / 3.6e6 * 180)
     assert result.metrics["test_accuracy"] == pytest.approx(0.97)
     assert any(n.startswith("ran on Kubernetes as Pod ml/cf-resnet-nightly-") for n in result.notes)
     # the container saw the job, the plan, and the zeusd socket
@@ -84,6 +89,7 @@ def test_one_container_runs_as_a_pod_and_everything_is_deleted(kube):
     assert view.env["ZEUSD_SOCK_PATH"] == "/var/run/zeusd/zeusd.sock"
     assert view.files["/var/run/zeusd"] == "<hostPath /var/run/zeusd>"
     assert view.command == ["carbonflow"] and view.args[0] == "run"
+    assert view.args[view.args.index("--") + 1 :] == ["python", "train.py"]
     assert "zeusd=/var/run/zeusd/zeusd.sock" in result.notes
     # created in order, all deleted with a grace period, nothing left
     posts = [p for m, p in kube.requests if m == "POST"]
@@ -93,8 +99,24 @@ def test_one_container_runs_as_a_pod_and_everything_is_deleted(kube):
     assert kube.objects == {}
 
 
-def test_several_containers_run_as_indexed_job_with_ranks(kube):
-    result = backend_for(kube).run(make_spec(), make_plan(3))
+def test_several_containers_run_as_indexed_job_with_ranks(tmp_path):
+    def behaviour(view: ContainerView) -> ContainerOutcome:
+        return ContainerOutcome(termination_message=container_result(view).model_dump_json(indent=2),
+                                pending_reads=1, running_reads=2)
+
+    def node_for(pod: dict) -> str:  # ranks 0 and 1 share a node, rank 2 has its own
+        index = int(pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"])
+        return "gpu-node-a" if index < 2 else "gpu-node-b"
+
+    with FakeKubeApi(behaviour, node_for) as kube:
+        seen = []
+        kube.behaviour = lambda view: (seen.append(view), behaviour(view))[1]
+        result = backend_for_path(kube, tmp_path).execute(make_spec(), make_plan(3))
+        kube.seen = seen
+        _check_indexed_job(kube, result)
+
+
+def _check_indexed_job(kube: FakeKubeApi, result: WrappedRun) -> None:
     ranks = sorted(int(v.env["RANK"]) for v in kube.seen)
     assert ranks == [0, 1, 2]
     assert {v.env["WORLD_SIZE"] for v in kube.seen} == {"3"}
@@ -104,12 +126,16 @@ def test_several_containers_run_as_indexed_job_with_ranks(kube):
     job_pod_hosts = {v.pod["spec"]["hostname"] for v in kube.seen}
     assert addr.split(".")[0] in job_pod_hosts and addr.split(".")[0].endswith("-0")
     assert addr.split(".")[1] == kube.seen[0].pod["spec"]["subdomain"]
-    # merged over ranks
-    assert result.energy_total_j == pytest.approx(3000)
+    # merged over ranks: each node's GPU counted; node a's CPU measured by ranks 0 and 1 counted once
+    ids = sorted(d.device_id for d in result.devices)
+    assert ids == ["gpu-node-a/GPU-0", "gpu-node-a/cpu-package-0", "gpu-node-b/GPU-0", "gpu-node-b/cpu-package-0"]
+    energy = {d.device_id: d.energy_j for d in result.devices}
+    assert energy["gpu-node-a/cpu-package-0"] == pytest.approx(201)  # the widest view of one counter
+    assert energy["gpu-node-a/GPU-0"] == pytest.approx(1000)
+    assert any("counted once" in n for n in result.notes)
     assert result.samples == 1000 + 2000 + 3000
     assert result.metrics["rank"] == 0.0  # metrics of rank 0
-    assert [d.device_id for d in result.devices] == ["rank0/GPU-0", "rank1/GPU-0", "rank2/GPU-0"]
-    assert result.saving_g == pytest.approx(3 * 1000 / 3.6e6 * 100)
+    assert result.duration_s == pytest.approx(102)
     kinds = [p.rsplit("/", 1)[-1] for m, p in kube.requests if m == "POST"]
     assert kinds == ["configmaps", "services", "jobs"]
     assert kube.objects == {}  # job deletion cascaded to its pods; service and config map deleted
@@ -125,9 +151,9 @@ def test_result_falls_back_to_the_log_when_the_termination_message_is_too_long(t
 
     with FakeKubeApi(behaviour) as api:
         backend = backend_for_path(api, tmp_path)
-        result = backend.run(make_spec(), make_plan(1))
-    assert result.energy_total_j == 1000
-    assert ("GET", next(p for m, p in api.requests if p.endswith("/log"))) in api.requests
+        result = backend.execute(make_spec(), make_plan(1))
+    assert sum(d.energy_j for d in result.devices) == pytest.approx(1200)
+    assert any(p.endswith("/log") for m, p in api.requests if m == "GET")
 
 
 def backend_for_path(api: FakeKubeApi, tmp_path, **kw) -> KubernetesBackend:
@@ -141,7 +167,7 @@ def test_failed_container_without_result_raises_with_log_tail_and_cleans_up(tmp_
 
     with FakeKubeApi(behaviour) as api:
         with pytest.raises(KubernetesRunError, match=r"(?s)exit_code=137.*Killed: out of memory"):
-            backend_for_path(api, tmp_path).run(make_spec(), make_plan(1))
+            backend_for_path(api, tmp_path).execute(make_spec(), make_plan(1))
         assert api.objects == {}
 
 
@@ -150,14 +176,14 @@ def test_failed_exit_code_is_kept_when_the_wrapper_wrote_a_result(tmp_path):
         return ContainerOutcome(exit_code=1, termination_message=container_result(view).model_dump_json())
 
     with FakeKubeApi(behaviour) as api:
-        result = backend_for_path(api, tmp_path).run(make_spec(), make_plan(1))
-    assert result.exit_code == 1 and not result.succeeded
+        result = backend_for_path(api, tmp_path).execute(make_spec(), make_plan(1))
+    assert result.exit_code == 1
 
 
 def test_image_pull_error_fails_fast(tmp_path):
     with FakeKubeApi(lambda v: ContainerOutcome(waiting_reason="ErrImagePull")) as api:
         with pytest.raises(KubernetesRunError, match="ErrImagePull"):
-            backend_for_path(api, tmp_path).run(make_spec(), make_plan(2))
+            backend_for_path(api, tmp_path).execute(make_spec(), make_plan(2))
         assert api.objects == {}
 
 
@@ -166,7 +192,7 @@ def test_unschedulable_pod_times_out_and_is_deleted(tmp_path):
     with FakeKubeApi(lambda v: ContainerOutcome(pending_reads=10**6)) as api:
         backend = backend_for_path(api, tmp_path, startup_timeout_s=500, clock=lambda: float(next(clock)))
         with pytest.raises(KubernetesRunError, match=r"still Pending .*startup_timeout_s=500"):
-            backend.run(make_spec(), make_plan(1))
+            backend.execute(make_spec(), make_plan(1))
         assert api.objects == {}
 
 
@@ -177,7 +203,7 @@ def test_stop_deletes_the_running_pod(tmp_path):
 
         def run() -> None:
             try:
-                backend.run(make_spec(), make_plan(1))
+                backend.execute(make_spec(), make_plan(1))
             except BaseException as exc:
                 errors.append(exc)
 
@@ -185,7 +211,7 @@ def test_stop_deletes_the_running_pod(tmp_path):
         thread.start()
         while not api.live("Pod"):
             threading.Event().wait(0.01)
-        backend.stop()
+        backend.kill()
         thread.join(10)
         assert not thread.is_alive()
         assert errors and "stopped (on_kill)" in str(errors[0])
@@ -206,7 +232,13 @@ def test_fake_api_rejects_invalid_objects_like_a_server(kube):
 def test_parse_result_text_and_merge_bad_input():
     assert parse_result_text(None) is None
     assert parse_result_text("no json here\n{not json}") is None
-    with pytest.raises(ValueError, match=r"results=\[\]"):
-        merge_rank_results([])
+    with pytest.raises(ValueError, match=r"ranks=\[\]"):
+        merge_ranks([])
     text = json.dumps({"job": "x"})
-    assert parse_result_text(text) is None  # not a RunResult
+    assert parse_result_text(text) is None  # not a WrappedRun
+
+
+def test_profile_mode_passes_the_step_budget_to_the_wrapper(kube):
+    backend_for(kube).execute(make_spec(), make_plan(1), profile_steps=30, warmup_steps=5)
+    args = kube.seen[0].args
+    assert args[args.index("--profile-steps") + 1] == "30" and args[args.index("--warmup-steps") + 1] == "5"

@@ -129,8 +129,13 @@ def test_cpu_and_simulated_jobs_request_no_gpu_and_mount_no_agent(builder):
 
 
 def test_workload_job_runs_the_builtin_module(builder):
-    pod = builder.build(make_spec(command=None, workload="digits_cnn"), make_plan(1)).to_dicts()[-1]
-    assert pod["spec"]["containers"][0]["args"][-3:] == ["python", "-m", "carbonflow.workloads.digits_cnn"]
+    spec = make_spec(command=None, workload="digits_cnn", batch_size=32)
+    for containers in (1, 2):  # one rank per container: never torch's single-node launcher
+        doc = builder.build(spec, make_plan(containers)).to_dicts()[-1]
+        pod_spec = doc["spec"]["template"]["spec"] if doc["kind"] == "Job" else doc["spec"]
+        args = pod_spec["containers"][0]["args"]
+        assert args[args.index("--") + 1 :] == ["python", "-m", "carbonflow.workloads.digits_cnn", "--epochs", "2",
+                                                "--batch-size", "32"]
 
 
 def test_bad_input_is_rejected_with_the_field_named(builder):
