@@ -375,8 +375,11 @@ def summarise(rows: list[dict]) -> dict:
     ]
     mean_frac = round(float(np.mean(fracs)), 4) if fracs else None
     worst_above = round(float(np.max(above)), 5) if above else None
+    row_worst = [r[k]["robust_above_run_now"] for r in rows for k in ("calibrated_error", "published")
+                 if r.get(k) and r[k].get("robust_above_run_now") is not None]
     return {
         "per_trace": per_trace,
+        "robust_worst_row_above_run_now": round(float(np.max(row_worst)), 5) if row_worst else None,
         "robust_fraction_of_oracle_mean_over_traces": mean_frac,
         "robust_worst_trace_above_run_now": worst_above,
         "target_fraction_met": bool(mean_frac is not None and mean_frac >= 0.85),

@@ -230,6 +230,9 @@ def _chain_for(kind: str, url: str) -> tuple[ForecastChain, str, datetime]:
     if kind == "electricitymaps":
         return ForecastChain([ElectricityMapsProvider("em-tok-999", url + "/v3", FAST), StaticProvider()]), \
             "US-CAL-CISO", EM_NOW
+    if kind == "watttime":
+        return ForecastChain([WattTimeProvider("alice", "pw-123456", url, FAST), StaticProvider()]), \
+            "azure:centralus", WT_NOW
     if kind == "carbon-aware-sdk":
         return ForecastChain([CarbonAwareSdkProvider(url, FAST), StaticProvider()]), "azure:centralus", WT_NOW
     raise AssertionError(kind)
@@ -239,6 +242,7 @@ PATHS = {
     "neso": "/intensity/2023-03-14T12:00Z/fw48h",
     "electricitymaps": "/v3/carbon-intensity/forecast",
     "carbon-aware-sdk": "/emissions/forecasts/current",
+    "watttime": "/v3/forecast",
 }
 FAULTS = [
     (400, '{"error": {"code": "400 Bad Request", "message": "bad"}}', "HTTP 400"),
@@ -253,6 +257,8 @@ FAULTS = [
 @pytest.mark.parametrize("kind", sorted(PATHS))
 @pytest.mark.parametrize(("status", "payload", "text"), FAULTS)
 def test_fault_falls_back_to_static_with_warning(httpserver, caplog, kind, status, payload, text):
+    if kind == "watttime":
+        httpserver.expect_request("/login").respond_with_data(body("watttime/GET_login.json"), content_type=JSON)
     httpserver.expect_request(PATHS[kind]).respond_with_data(payload, status=status, content_type=JSON)
     chain, region, now = _chain_for(kind, httpserver.url_for("").rstrip("/"))
     with caplog.at_level(logging.WARNING):
@@ -265,15 +271,19 @@ def test_fault_falls_back_to_static_with_warning(httpserver, caplog, kind, statu
 @pytest.mark.parametrize("kind", sorted(PATHS))
 def test_empty_data_and_null_intensities_fall_back(httpserver, caplog, kind):
     empty = {"neso": {"data": []}, "electricitymaps": {"zone": "US-CAL-CISO", "forecast": []},
-             "carbon-aware-sdk": []}[kind]
+             "carbon-aware-sdk": [], "watttime": {"data": [], "meta": {"units": "lbs_co2_per_mwh"}}}[kind]
     nulls = {
         "neso": {"data": [{"from": "2023-03-14T12:00Z", "to": "2023-03-14T12:30Z", "intensity": {"forecast": None}}]},
         "electricitymaps": {"zone": "US-CAL-CISO", "forecast": [{"carbonIntensity": None, "datetime": "2021-07-08T00:00:00.000Z"}]},  # noqa: E501
+        "watttime": {"data": [{"point_time": "2022-10-21T06:20:00+00:00", "value": None}],
+                     "meta": {"units": "lbs_co2_per_mwh", "data_point_period_seconds": 300}},
         "carbon-aware-sdk": [{"location": "centralus", "forecastData": [
             {"location": "X", "timestamp": "2022-10-21T06:20:00+00:00", "duration": 30, "value": None}]}],
     }[kind]
     for payload in (empty, nulls):
         httpserver.clear()
+        if kind == "watttime":
+            httpserver.expect_request("/login").respond_with_data(body("watttime/GET_login.json"), content_type=JSON)
         httpserver.expect_request(PATHS[kind]).respond_with_json(payload)
         chain, region, now = _chain_for(kind, httpserver.url_for("").rstrip("/"))
         with caplog.at_level(logging.WARNING):
