@@ -240,7 +240,16 @@ def nvml_devices(
         return [NvmlGpu(h, i, zeusd=zeusd) for i, h in enumerate(all_handles)]
     devices: list[NvmlGpu] = []
     seen: set[str] = set()
-    for entry in _parse_visible(cuda_visible_devices):
+    entries = _parse_visible(cuda_visible_devices)
+    if any(e.isdigit() for e in entries) and os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+        names = {_as_str(nv.nvmlDeviceGetName(h)) for h in all_handles}
+        if len(names) > 1:  # CUDA's default FASTEST_FIRST order may differ from NVML's PCI order
+            logger.warning(
+                "CUDA_VISIBLE_DEVICES=%r uses indices on a node with different GPU models (%s): indices are read in "
+                "PCI bus order (NVML's); set CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers GPUs the same way",
+                cuda_visible_devices, ", ".join(sorted(names)),
+            )  # fmt: skip
+    for entry in entries:
         index: int | None = None
         mig_uuid: str | None = None
         if entry.lstrip("-").isdigit():

@@ -116,6 +116,19 @@ def test_cuda_visible_devices_from_environment(fake_nvml, monkeypatch):
     assert [g.id for g in nvml_devices(all_devices=True)] == [d["uuid"] for d in state["devices"]]
 
 
+def test_mixed_models_with_indices_warn_about_cuda_device_order(fake_nvml, monkeypatch, caplog):
+    fake_nvml.setup([{"name": "NVIDIA A40"}, {"name": "Tesla V100-SXM2-32GB"}])
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    with caplog.at_level(logging.WARNING):
+        nvml_devices("1")
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    with caplog.at_level(logging.WARNING):
+        nvml_devices("1")
+    assert "CUDA_DEVICE_ORDER" not in caplog.text
+
+
 def test_invalid_visible_entry_stops_enumeration_like_cuda(fake_nvml, caplog):
     state = fake_nvml.setup([{}, {}])
     with caplog.at_level(logging.WARNING):
