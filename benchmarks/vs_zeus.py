@@ -403,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
             r = rows[-1]
             print(
                 f"{r['gpu']:8s} {r['workload']:32s} rec={r['recurrences']:4d} "
-                f"steady/best={r['carbonflow_steady_over_best']:.3f} cf/zeus={r['carbonflow_cumulative_over_zeus']:.3f} "
+                f"steady/best={r['carbonflow_steady_over_best']:.3f} "
+                f"cf/zeus={r['carbonflow_cumulative_over_zeus']:.3f} "
                 f"cf/default={r['carbonflow_cumulative_over_default']:.3f} "
                 f"zeus/default={r['zeus_cumulative_over_default']:.3f} "
                 f"cfPL/zeusPL={r['carbonflow_pl_cumulative_over_zeus_pl']:.4f}",
