@@ -22,7 +22,6 @@ from carbonflow.carbon.replay import ReplayProvider
 from carbonflow.models import Forecast, ForecastPoint, SignalKind
 
 log = logging.getLogger(__name__)
-DEFAULT_ORDER = ("neso", "electricitymaps", "watttime", "carbon-aware-sdk", "replay", "climatology", "static")
 
 
 def redact(text: str, secrets: Sequence[str]) -> str:

@@ -223,17 +223,22 @@ def _reason(exc: Exception) -> str:
     return type(exc).__name__
 
 
-def _points(pairs: list[tuple[datetime, float | None]], default_len_s: float) -> list[ForecastPoint]:
-    """Points from (start, value) pairs: length = gap to the next start (default for the last); nulls dropped."""
+def _points(pairs: list[tuple[datetime, float | None]], period_s: float) -> list[ForecastPoint]:
+    """Points of the provider's period from (start, value) pairs; a point never runs past the next start (so a
+    gap in the answer stays a gap, never filled with the previous value); null/negative/non-numeric dropped."""
     pairs = sorted(pairs, key=lambda p: p[0])
     out = []
     for i, (start, value) in enumerate(pairs):
-        length = (pairs[i + 1][0] - start).total_seconds() if i + 1 < len(pairs) else default_len_s
+        length = period_s
+        if i + 1 < len(pairs):
+            length = min(period_s, (pairs[i + 1][0] - start).total_seconds())
         if length <= 0:
             continue
-        if value is None or not isinstance(value, int | float) or value != value or value < 0:
+        if value is None or isinstance(value, bool) or not isinstance(value, int | float) or value != value:
             continue
-        out.append(ForecastPoint(start=start, length_s=min(length, default_len_s * 4), gco2_per_kwh=float(value)))
+        if value < 0:
+            continue
+        out.append(ForecastPoint(start=start, length_s=length, gco2_per_kwh=float(value)))
     return out
 
 
@@ -560,9 +565,10 @@ class CarbonAwareSdkProvider(_HttpProvider):
                 pairs.append((parse_utc(item["timestamp"]), item.get("value")))
             except (KeyError, TypeError, ValueError, AttributeError):
                 continue
-        step = 300.0
-        if len(pairs) > 1:
-            step = min((b[0] - a[0]).total_seconds() for a, b in itertools.pairwise(pairs)) or 300.0
+        step = 300.0  # the SDK's upstream period (WattTime 5 min); the smallest gap if the answer says otherwise
+        gaps = [(b[0] - a[0]).total_seconds() for a, b in itertools.pairwise(sorted(pairs, key=lambda p: p[0]))]
+        if gaps and min(gaps) > 0:
+            step = min(gaps)
         end = now + timedelta(seconds=horizon_s)
         points = [p for p in _points(pairs, step) if p.end > now and p.start < end]
         if not points:

@@ -368,3 +368,20 @@ def test_on_disk_cache_keyed_by_provider_region_slot(httpserver, tmp_path):
     assert a.points == b.points
     assert len(calls) == 1, "the second call in the same slot is served from the on-disk cache"
     assert (tmp_path / "neso.sqlite").exists()
+
+
+def test_gaps_stay_gaps_and_bad_values_are_dropped(httpserver):
+    payload = {"zone": "DE", "forecast": [
+        {"carbonIntensity": 300, "datetime": "2021-07-08T00:00:00.000Z"},
+        {"carbonIntensity": 310, "datetime": "2021-07-08T01:00:00.000Z"},
+        {"carbonIntensity": 320, "datetime": "2021-07-08T05:00:00.000Z"},  # 3 h missing before this one
+        {"carbonIntensity": "n/a", "datetime": "2021-07-08T06:00:00.000Z"},
+        {"carbonIntensity": -5, "datetime": "2021-07-08T07:00:00.000Z"},
+        {"carbonIntensity": True, "datetime": "2021-07-08T08:00:00.000Z"},
+        {"datetime": "2021-07-08T09:00:00.000Z"},
+        {"carbonIntensity": 330},
+    ]}
+    httpserver.expect_request("/v3/carbon-intensity/forecast").respond_with_json(payload)
+    fc = ElectricityMapsProvider("tok-123456", httpserver.url_for("/v3"), FAST).forecast("DE", EM_NOW)
+    assert [(p.start.hour, p.length_s, p.gco2_per_kwh) for p in fc.points] == [
+        (0, 3600, 300), (1, 3600, 310), (5, 3600, 320)]
