@@ -207,3 +207,16 @@ def test_unprivileged_nvml_gpu_sets_limits_through_zeusd(fake_nvml, zeusd_server
     # without zeusd the same process is refused, and the run degrades
     with applied_power_limit(nvml_devices(), 180) as outcome:
         assert not outcome.applied and "no permission" in outcome.notes[-1]
+
+
+def test_discovery_wires_zeusd_from_environment(fake_nvml, zeusd_server, journal_dir, monkeypatch):
+    from carbonflow.energy.discovery import discover_devices
+
+    fake_nvml.setup([{"set_permission": False}])
+    sock = zeusd_server(FakeZeusd(_gpus(1), on_set=lambda i, mw: fake_nvml.update(i, limit_mw=mw)))
+    monkeypatch.setenv("ZEUSD_SOCK_PATH", sock)
+    (gpu,) = discover_devices(include_cpu=False)
+    assert gpu.zeusd is not None and gpu.zeusd.socket_path == sock
+    with applied_power_limit([gpu], 220) as outcome:
+        assert outcome.applied and fake_nvml.limits_mw() == [220000]
+    assert fake_nvml.limits_mw() == [300000]
