@@ -146,6 +146,21 @@ def upcoming_from_state(raw: dict[str, Any], **where: str) -> UpcomingJob | None
     return UpcomingJob(plan=plan, forecast=forecast, **where)
 
 
+def decode_next_kwargs(raw: dict[str, Any]) -> dict[str, Any]:
+    """A deferred task's ``next_kwargs`` as stored by Airflow 3 (serde-serialised by the worker), decoded."""
+    try:
+        from airflow.sdk.serde import deserialize
+
+        value = deserialize(raw)
+    except (ImportError, KeyError, AttributeError, TypeError):
+        from airflow.serialization.serialized_objects import BaseSerialization
+
+        value = BaseSerialization.deserialize(raw)
+    if not isinstance(value, dict):
+        raise TypeError(f"next_kwargs decoded to {type(value).__name__}, expected a dict")
+    return value
+
+
 def airflow_upcoming(limit: int = 50) -> list[UpcomingJob]:
     """Deferred carbonflow training tasks in Airflow's metadata DB, with their plans (inside Airflow only)."""
     from airflow.models.taskinstance import TaskInstance
@@ -163,7 +178,7 @@ def airflow_upcoming(limit: int = 50) -> list[UpcomingJob]:
         ).all()
         for ti in tis:
             try:
-                job = upcoming_from_state(ti.next_kwargs or {}, dag_id=ti.dag_id, run_id=ti.run_id,
+                job = upcoming_from_state(decode_next_kwargs(ti.next_kwargs or {}), dag_id=ti.dag_id, run_id=ti.run_id,
                                           task_id=ti.task_id, state="deferred")
             except Exception as exc:  # an old or foreign state shape must not break the page
                 log.warning("cannot read the plan of %s/%s/%s: %s", ti.dag_id, ti.run_id, ti.task_id, exc)

@@ -12,7 +12,14 @@ from carbonflow.carbon.replay import ReplayProvider
 from carbonflow.models import Config, DeviceEnergy, JobSpec, Plan, RunResult
 from carbonflow.tracking.logger import log_training_run
 from carbonflow.web.app import create_app, render_page
-from carbonflow.web.data import PageData, UpcomingJob, latest_runs, page_forecast, upcoming_from_state
+from carbonflow.web.data import (
+    PageData,
+    UpcomingJob,
+    decode_next_kwargs,
+    latest_runs,
+    page_forecast,
+    upcoming_from_state,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -159,3 +166,14 @@ def test_upcoming_from_operator_state_and_empty_render():
 def test_forecast_of_a_waiting_job_is_preferred():
     upcoming = _upcoming()
     assert page_forecast(upcoming) is upcoming[0].forecast
+
+
+def test_deferred_task_state_as_airflow_stores_it_is_decoded():
+    """The worker serialises ``defer(kwargs=...)`` with Airflow's serde before it reaches the DB."""
+    from airflow.sdk.serde import serialize
+
+    up = _upcoming()[0]
+    state = {"plan": up.plan.model_dump(mode="json"), "forecast": up.forecast.model_dump(mode="json"), "replans": 0}
+    stored = serialize({"state": state})
+    job = upcoming_from_state(decode_next_kwargs(stored), dag_id="nightly_retrain")
+    assert job is not None and job.plan == up.plan and job.forecast == up.forecast
