@@ -112,6 +112,20 @@ def _regular_actuals(trace: Trace) -> tuple[np.ndarray, pd.DatetimeIndex, float]
     return series.to_numpy(dtype=float), pd.DatetimeIndex(series.index), trace.slot_s / 3600.0
 
 
+def long_enough(trace: Trace) -> bool:
+    """Kinds (a)/(b) need a week of history before the first start and a full horizon after it."""
+    a, _, slot_h = _regular_actuals(trace)
+    return len(a) * slot_h >= (HISTORY_DAYS + 2) * 24 + max(SLACKS_H) + max(JOBS_H) + 24
+
+
+def _hour_aligned(index: pd.DatetimeIndex, slot_h: float) -> np.ndarray:
+    """Positions of whole hours, or every hour from the first slot when the grid is offset (e.g. :20/:50)."""
+    aligned = np.flatnonzero(index.minute == 0)
+    if len(aligned) == 0:
+        aligned = np.arange(0, len(index), max(1, round(1 / slot_h)))
+    return aligned
+
+
 def simulate(trace: Trace, seeds: int, risk_aversion: float, starts_every_h: float = 1.0) -> list[dict]:
     """Rows for kinds (a) perfect and (b) calibrated error on one trace."""
     model = default_error_model()
@@ -119,8 +133,7 @@ def simulate(trace: Trace, seeds: int, risk_aversion: float, starts_every_h: flo
     per_h = round(1.0 / slot_h)
     max_len = round((max(SLACKS_H) + max(JOBS_H)) / slot_h)
     step = max(1, round(starts_every_h / slot_h))
-    minutes = index.minute
-    aligned = np.flatnonzero(minutes == 0) if per_h >= 1 else np.arange(len(a))
+    aligned = _hour_aligned(index, slot_h) if per_h >= 1 else np.arange(len(a))
     first_ok = (HISTORY_DAYS + 2) * round(24 / slot_h)  # a week of history before the first start
     starts = aligned[(aligned + max_len <= len(a)) & (aligned >= first_ok)][:: max(1, step // max(per_h, 1))]
     horizon = np.arange(max_len)
@@ -255,7 +268,7 @@ def check_against_choose_start(trace: Trace, risk_aversion: float, n: int = 5) -
     a, index, slot_h = _regular_actuals(trace)
     rng = np.random.default_rng(7)
     day = round(24 / slot_h)
-    aligned = np.flatnonzero(index.minute == 0)
+    aligned = _hour_aligned(index, slot_h)
     aligned = aligned[(aligned >= (HISTORY_DAYS + 2) * day) & (aligned < len(a) - 2 * day)]
     checks = 0
     for i in rng.choice(aligned, size=n, replace=False):
@@ -298,28 +311,33 @@ def main(argv: list[str] | None = None) -> dict:
     published_paths = [] if args.trace else [p for p in PUBLISHED_TRACES if p.exists()]
     rows: list[dict] = []
     checks = 0
-    for path in paths:
-        trace = load_trace(path)
-        checks += check_against_choose_start(trace, args.risk_aversion)
-        rows.extend(simulate(trace, seeds, args.risk_aversion, every_h))
-        if trace.has_forecasts:
-            pub = published(trace, args.risk_aversion)
-            for row in rows:
-                if row["trace"] == trace.name and (row["job_h"], row["slack_h"]) in pub:
-                    row["published"] = pub[(row["job_h"], row["slack_h"])]
-    for path in published_paths:
+    skipped: list[str] = []
+    for path in [*paths, *published_paths]:
         trace = load_trace(path)
         if path == NESO_FW48H:
             trace = load_trace(NESO_ACTUALS).merge(trace)
             trace.name = "neso-gb-2023-03"
-        pub = published(trace, args.risk_aversion)
+        trace_rows: list[dict] = []
+        if path in paths and long_enough(trace):
+            checks += check_against_choose_start(trace, args.risk_aversion)
+            trace_rows = simulate(trace, seeds, args.risk_aversion, every_h)
+        elif path in paths:
+            skipped.append(f"{trace.name}: kinds (a)/(b) need {HISTORY_DAYS + 2} days of history plus 28 h")
+        pub = published(trace, args.risk_aversion) if trace.has_forecasts else {}
+        for row in trace_rows:
+            row["published"] = pub.pop((row["job_h"], row["slack_h"]), None)
         for (job_h, slack_h), value in sorted(pub.items()):
-            rows.append({
+            trace_rows.append({
                 "trace": trace.name, "region": trace.region, "signal_kind": trace.signal_kind, "job_h": job_h,
                 "slack_h": slack_h, "n_starts": value["n_starts"], "seeds": 0,
                 "oracle_reduction": value["oracle_reduction"], "perfect": None, "calibrated_error": None,
                 "published": value,
             })
+        if not trace_rows and path in paths:
+            skipped.append(f"{trace.name}: too short and no published forecasts; nothing to score")
+        rows.extend(trace_rows)
+    for note in skipped:
+        print(f"note: {note}")
 
     summary = summarise(rows)
     doc = {
@@ -331,6 +349,7 @@ def main(argv: list[str] | None = None) -> dict:
         "seeds": seeds,
         "start_every_h": every_h,
         "vectorised_vs_choose_start_checks": checks,
+        "skipped": skipped,
         "rows": rows,
         "summary": summary,
         "runtime_s": round(time.time() - t0, 1),
