@@ -98,7 +98,9 @@ class JobSpec(_Model):
     finish_by: UtcDatetime | None = None
     objective: str = "carbon"
     max_slowdown: float = Field(default=0.10, ge=0, le=10, description="allowed extra run time, as a fraction")
-    power_limit_w: float | None = Field(default=None, gt=0, description="fixed power limit; None lets the planner choose")
+    power_limit_w: float | None = Field(
+        default=None, gt=0, description="fixed power limit; None lets the planner choose"
+    )
     power_limits_w: list[float] | None = Field(default=None, description="candidate power limits to profile")
     profile_steps: int = Field(default=30, gt=0, description="measured steps per profiled configuration")
     profile_warmup_steps: int = Field(default=5, ge=0)
@@ -111,7 +113,8 @@ class JobSpec(_Model):
     def _name(cls, v: str) -> str:
         if not JOB_NAME_RE.match(v):
             raise ValueError(
-                f"name={v!r} is not allowed; use 1-63 lowercase letters, digits, '_', '.', '-' starting with a letter or digit"
+                f"name={v!r} is not allowed; use 1-63 lowercase letters, digits, '_', '.', '-' "
+                "starting with a letter or digit"
             )
         return v
 
@@ -273,7 +276,7 @@ class Plan(_Model):
     objective: str = "carbon"
     region: str
     forecast_provider: str
-    signal_kind: SignalKind
+    signal_kind: SignalKind | None = Field(default=None, description="None when no forecast was used")
     replay: bool = False
     baseline: PlanAlternative | None = Field(default=None, description="start now at the default power limit")
     alternatives: list[PlanAlternative] = Field(default_factory=list)

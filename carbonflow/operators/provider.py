@@ -23,7 +23,9 @@ def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": "carbonflow",
         "name": "carbonflow",
-        "description": "Carbon- and energy-aware training operators: power limits, containers, co-location and start time.",
+        "description": (
+            "Carbon- and energy-aware training operators: power limits, containers, co-location and start time."
+        ),
         "versions": [__version__],
         "integrations": [
             {

@@ -1,0 +1,51 @@
+# carbonflow — every target sets itself up: it creates .venv and installs what it needs (idempotent).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+EXTRAS ?= train,test
+comma := ,
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt 2>/dev/null | sha1sum | cut -c1-12)-$(subst $(comma),_,$(EXTRAS))
+
+.PHONY: install demo test e2e bench lint serve stop clean constraints
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing carbonflow[$(EXTRAS)] into $(VENV) (pinned by constraints.txt)…"
+	@$(BIN)/python -m pip install -q --upgrade pip
+	@$(BIN)/python -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	@rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP)
+
+demo: install  ## the whole pipeline once, on embedded Airflow + MLflow, replayed carbon data
+	@$(BIN)/carbonflow demo
+
+test: install  ## the whole test suite (unit, integration, slow end-to-end)
+	@$(BIN)/python -m pytest
+
+e2e: install  ## stack-level tests: real Airflow services + MLflow server + headless Chromium
+	@$(BIN)/python -m pytest -m slow tests/e2e
+
+bench:  ## every benchmark in benchmarks/ (results in benchmarks/results/)
+	@$(MAKE) --no-print-directory install EXTRAS=train,test,bench
+	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+lint: install
+	@$(BIN)/ruff check . && $(BIN)/ruff format --check carbonflow dags tests benchmarks
+
+serve: install  ## start Airflow (api-server, scheduler, dag-processor, triggerer) and an MLflow server
+	@bash scripts/serve.sh
+
+stop:  ## stop what `make serve` started
+	@bash scripts/stop.sh
+
+constraints:  ## re-resolve and pin every dependency (needs the network to PyPI)
+	@rm -rf .venv-resolve && $(PYTHON) -m venv .venv-resolve
+	@.venv-resolve/bin/python -m pip install -q --upgrade pip
+	@.venv-resolve/bin/python -m pip install -q -e ".[train,test,bench]"
+	@.venv-resolve/bin/python -m pip freeze --exclude-editable | grep -v '^carbonflow' > constraints.txt
+	@rm -rf .venv-resolve && echo "constraints.txt updated"
+
+clean:
+	rm -rf .carbonflow

@@ -1,0 +1,96 @@
+"""``carbonflow`` command line.
+
+- ``carbonflow run --job J --plan P --result R -- <command>``: the training wrapper.
+- ``carbonflow demo``: the embedded end-to-end demo (nightly_retrain through Airflow).
+- ``carbonflow report JOB``: compare a job's runs from MLflow (table + PNG).
+- ``carbonflow spool replay``: push runs spooled during a tracking outage to MLflow.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    help="Train deep-learning models with less energy and less carbon.", no_args_is_help=True, add_completion=False
+)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def run(
+    ctx: typer.Context,
+    job: Annotated[Path, typer.Option(help="JobSpec JSON file", exists=True, dir_okay=False)],
+    plan: Annotated[Path, typer.Option(help="Plan JSON file", exists=True, dir_okay=False)],
+    result: Annotated[Path, typer.Option(help="where to write the measured result (JSON)")],
+    trace: Annotated[Path | None, typer.Option(help="write a power trace CSV here")] = None,
+    trace_interval: Annotated[float, typer.Option(help="power trace interval (s)", min=0.01)] = 0.5,
+    profile_steps: Annotated[int | None, typer.Option(help="profile mode: stop after warm-up + N steps", min=1)] = None,
+    warmup_steps: Annotated[int, typer.Option(help="steps before measuring throughput", min=0)] = 0,
+    output_dir: Annotated[Path | None, typer.Option(help="where the training writes its outputs")] = None,
+) -> None:
+    """Run a training command under the plan's power limit, measure it, always restore the limit."""
+    from carbonflow.execution.wrapper import main_from_files
+
+    command = list(ctx.args)
+    if not command:
+        raise typer.BadParameter("give the training command after '--', e.g. -- python train.py", param_hint="command")
+    code = main_from_files(
+        job, plan, result, command,
+        trace_csv=trace, trace_interval_s=trace_interval, profile_steps=profile_steps,
+        warmup_steps=warmup_steps, output_dir=output_dir,
+    )  # fmt: skip
+    raise typer.Exit(code)
+
+
+@app.command()
+def demo(
+    home: Annotated[Path, typer.Option(help="state directory (Airflow DB, MLflow store)")] = Path(".carbonflow"),
+) -> None:
+    """Run the nightly_retrain DAG once end-to-end on embedded Airflow + MLflow and print what it did."""
+    from carbonflow.demo import run_demo
+
+    raise typer.Exit(run_demo(home))
+
+
+@app.command()
+def report(
+    job: Annotated[str, typer.Argument(help="the job's name (its recurring key)")],
+    png: Annotated[Path | None, typer.Option(help="where to write the comparison plot")] = None,
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI (default: embedded store)")] = None,
+) -> None:
+    """Compare a job's runs: energy, emissions, accuracy, savings and configuration."""
+    from rich.console import Console
+
+    from carbonflow.tracking.report import build_report, render_table
+
+    png_path = png or Path(f"{job}-report.png")
+    data = build_report(job, tracking_uri=tracking_uri, png_path=png_path)
+    console = Console()
+    console.print(render_table(data))
+    console.print(f"plot: {png_path}")
+
+
+spool_app = typer.Typer(help="Runs kept locally while MLflow was unreachable.", no_args_is_help=True)
+app.add_typer(spool_app, name="spool")
+
+
+@spool_app.command("replay")
+def spool_replay(
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI (default: embedded store)")] = None,
+) -> None:
+    """Log spooled runs to MLflow, each exactly once."""
+    from carbonflow.tracking.spool import replay_spool
+    from carbonflow.tracking.uri import tracking_uri as default_uri
+
+    count = replay_spool(tracking_uri or default_uri())
+    typer.echo(f"replayed {count} spooled run(s)")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""What both operators share: job parsing, state directories, the carbon source, devices."""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from carbonflow.models import Forecast, ForecastPoint, JobSpec
+
+log = logging.getLogger(__name__)
+
+HOME_ENV = "CARBONFLOW_HOME"
+REPLAY_ENV = "CARBONFLOW_REPLAY"
+
+
+def home() -> Path:
+    """carbonflow's state directory (``$CARBONFLOW_HOME``, default ``./.carbonflow``)."""
+    path = Path(os.environ.get(HOME_ENV, ".carbonflow")).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def safe_name(text: str) -> str:
+    """``text`` usable as one path component (Airflow run ids contain ':' and '+')."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+def parse_job(job: JobSpec | dict[str, Any] | str) -> JobSpec:
+    """Validate a job given as a model, a dict or JSON; errors name the field, value and rule."""
+    if isinstance(job, JobSpec):
+        return job
+    try:
+        return JobSpec.model_validate_json(job) if isinstance(job, str) else JobSpec.model_validate(job)
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'job'}: {e['msg']} (got {e.get('input')!r})" for e in err.errors()
+        )
+        raise ValueError(f"invalid job: {problems}") from None
+
+
+def replay_enabled(flag: bool | None) -> bool:
+    """Replay recorded carbon data instead of live APIs: the operator flag, else ``$CARBONFLOW_REPLAY``."""
+    if flag is not None:
+        return flag
+    return os.environ.get(REPLAY_ENV, "").lower() in {"1", "true", "yes"}
+
+
+class CarbonSource:
+    """Forecasts for planning and intensity for accounting, from the replay data or the live chain."""
+
+    def __init__(self, *, replay: bool, credentials: dict[str, dict[str, str]] | None = None) -> None:
+        self.replay = replay
+        self._credentials = credentials or {}
+        self._replay_provider: Any = None
+        self._chain: Any = None
+
+    def _replayer(self) -> Any:
+        if self._replay_provider is None:
+            from carbonflow.carbon.replay import ReplayProvider
+
+            self._replay_provider = ReplayProvider.default()
+        return self._replay_provider
+
+    def forecast(self, region: str, now: datetime, until: datetime) -> Forecast:
+        """The best forecast available for ``region`` from ``now`` to ``until``; never raises for a dead API."""
+        if self.replay:
+            return self._replayer().forecast(region, now, max((until - now).total_seconds(), 3600.0))
+        if self._chain is None:
+            from carbonflow.carbon.chain import default_chain
+
+            self._chain = default_chain(self._credentials)
+        return self._chain.forecast(region, now, until, now=now)
+
+    def intensity_for_accounting(
+        self, region: str, start: datetime, end: datetime, forecast: Forecast | None
+    ) -> tuple[list[ForecastPoint], str]:
+        """Intensity to account a run between start and end, and where it came from."""
+        pad = timedelta(hours=1)
+        if self.replay:
+            points = self._replayer().actuals(region, start - pad, end + pad)
+            if points:
+                return points, "replayed actual intensity"
+        if forecast is not None and forecast.points:
+            return list(forecast.points), f"forecast intensity ({forecast.provider})"
+        return [], "no intensity data"
+
+    def replay_window(self, region: str) -> tuple[datetime, datetime]:
+        return self._replayer().replay_window(region)

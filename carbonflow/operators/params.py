@@ -1,0 +1,106 @@
+"""Validate a DAG run's request before any work starts, and hand each task its JobSpec.
+
+Checks go beyond the Params form's JSON schema: the region must be known to the carbon providers,
+finish-by must be in the future, a fixed power limit must lie in the job's device range, and the
+work must be positive. Each error names the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from carbonflow.models import JobSpec, utcnow
+from carbonflow.operators.common import parse_job
+
+OVERRIDABLE = ("region", "finish_by", "objective", "max_slowdown", "power_limit_w", "epochs", "steps", "batch_size")
+"""JobSpec fields a DAG run's params may override."""
+
+
+class RequestError(ValueError):
+    """A DAG run's request is invalid; the message names the field, the value and what is allowed."""
+
+
+def apply_overrides(base: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The job dict with the run's non-empty overrides applied."""
+    job = dict(base)
+    for field in OVERRIDABLE:
+        value = params.get(field)
+        if value is None or value == "":
+            continue
+        job[field] = value
+    return job
+
+
+def validate_job(job: JobSpec | dict[str, Any] | str, *, now: datetime | None = None) -> JobSpec:
+    """Validate a job as a request: schema, region, finish-by, power limit range, work."""
+    try:
+        spec = parse_job(job)
+    except ValueError as err:
+        raise RequestError(str(err)) from None
+    now = now or utcnow()
+    if spec.finish_by is not None and spec.finish_by <= now:
+        raise RequestError(
+            f"finish_by={spec.finish_by.isoformat()} is in the past; give a UTC time after {now.isoformat()}"
+        )
+    _check_region(spec.region)
+    if spec.power_limit_w is not None or spec.power_limits_w:
+        _check_power_limits(spec)
+    return spec
+
+
+def _check_region(region: str) -> None:
+    from carbonflow.carbon.regions import resolve_region
+
+    try:
+        resolve_region(region)
+    except ValueError as err:
+        raise RequestError(str(err)) from None
+
+
+def _check_power_limits(spec: JobSpec) -> None:
+    from carbonflow.energy.discovery import discover_devices
+
+    gpus = [d for d in discover_devices(spec.simulated_gpu, include_cpu=False) if d.kind == "gpu"]
+    if not gpus:
+        raise RequestError(
+            f"power_limit_w={spec.power_limit_w} is set but job {spec.name!r} has no GPU with a settable power "
+            "limit here; leave it empty or run on a GPU (or a simulated_gpu)"
+        )
+    for limit in [spec.power_limit_w, *(spec.power_limits_w or [])]:
+        if limit is None:
+            continue
+        low, high = gpus[0].power_limit_constraints_w()
+        if not low <= limit <= high:
+            raise RequestError(
+                f"power_limit_w={limit:g} is outside the range of {gpus[0].model}: {low:g} W to {high:g} W"
+            )
+
+
+class ValidateJobsOperator(BaseOperator):
+    """First task of a DAG run: validate every job with the run's params; push each JobSpec to XCom.
+
+    The run's params (``context['params']``) override the fields in ``OVERRIDABLE``. Each job's JSON is pushed under the job's name as XCom key, so later tasks read it with
+    ``{{ ti.xcom_pull(task_ids='validate', key='<job>') }}``.
+    """
+
+    ui_color = "#fff3c4"
+
+    def __init__(self, *, jobs: Sequence[dict[str, Any]], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not jobs:
+            raise ValueError("jobs=[] is not allowed; give at least one job")
+        self.jobs = list(jobs)
+
+    def execute(self, context: Any) -> list[str]:
+        overrides = dict(context.get("params") or {})
+        names = []
+        for base in self.jobs:
+            spec = validate_job(apply_overrides(base, overrides))
+            context["ti"].xcom_push(key=spec.name, value=spec.model_dump_json())
+            self.log.info("job %s valid: region %s, objective %s", spec.name, spec.region, spec.objective)
+            names.append(spec.name)
+        return names

@@ -1,0 +1,107 @@
+"""The training side of the training contract: a tiny progress API for training code.
+
+Training code calls :func:`report` after each optimiser step and checks :func:`should_stop`.
+The ``carbonflow run`` wrapper reads the reports to measure throughput (profiling) and to collect
+final metrics such as ``test_accuracy``. Code in any language can instead append JSON lines
+``{"step": int, "samples": int, "metrics": {...}}`` to the file named by ``CARBONFLOW_PROGRESS_FILE``.
+
+Environment set by the wrapper:
+
+- ``CARBONFLOW_PROGRESS_FILE``: JSON-lines file to append reports to (no file: reports are no-ops).
+- ``CARBONFLOW_MAX_STEPS``: profile mode; :func:`should_stop` turns true after this many steps.
+- ``CARBONFLOW_SIM_SLOWDOWN``: on a simulated GPU, how much slower than at its maximum power limit the
+  emulated device runs (>= 1). Each step is stretched by sleeping so the run's wall time follows the
+  published Zeus measurements; the training itself runs for real on the CPU.
+- ``CARBONFLOW_OUTPUT_DIR``: where to save the model and other outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+PROGRESS_FILE_ENV = "CARBONFLOW_PROGRESS_FILE"
+MAX_STEPS_ENV = "CARBONFLOW_MAX_STEPS"
+SIM_SLOWDOWN_ENV = "CARBONFLOW_SIM_SLOWDOWN"
+OUTPUT_DIR_ENV = "CARBONFLOW_OUTPUT_DIR"
+
+
+class _Reporter:
+    def __init__(self) -> None:
+        self.steps = 0
+        self.last_step_end_s = time.monotonic()
+        self.slowdown = max(1.0, float(os.environ.get(SIM_SLOWDOWN_ENV, "1") or 1))
+        max_steps = os.environ.get(MAX_STEPS_ENV)
+        self.max_steps = int(max_steps) if max_steps else None
+        path = os.environ.get(PROGRESS_FILE_ENV)
+        self.path = Path(path) if path else None
+        # Only rank 0 writes in a distributed run; every rank throttles.
+        self.rank = int(os.environ.get("RANK", "0"))
+
+    def report(self, step: int, samples: int, metrics: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if self.slowdown > 1.0:
+            step_s = now - self.last_step_end_s
+            time.sleep(step_s * (self.slowdown - 1.0))
+            now = time.monotonic()
+        self.last_step_end_s = now
+        self.steps = max(self.steps, step)
+        if self.path is None or self.rank != 0:
+            return
+        line = {"step": int(step), "samples": int(samples), "t_s": now, "metrics": _floats(metrics)}
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(line) + "\n")
+
+    def should_stop(self) -> bool:
+        return self.max_steps is not None and self.steps >= self.max_steps
+
+
+def _floats(metrics: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"metric {key}={value!r} is not a number; report numbers only") from err
+    return out
+
+
+_reporter: _Reporter | None = None
+
+
+def _get() -> _Reporter:
+    global _reporter
+    if _reporter is None:
+        _reporter = _Reporter()
+    return _reporter
+
+
+def reset() -> None:
+    """Forget the cached reporter (re-read the environment); for tests and in-process reuse."""
+    global _reporter
+    _reporter = None
+
+
+def report(step: int, samples: int, **metrics: Any) -> None:
+    """Report progress: ``step`` optimiser steps done, ``samples`` samples processed in total."""
+    _get().report(step, samples, metrics)
+
+
+def should_stop() -> bool:
+    """True in profile mode once the step budget is used up."""
+    return _get().should_stop()
+
+
+def profiling() -> bool:
+    """True when the run is a profiling run with a step budget."""
+    return _get().max_steps is not None
+
+
+def output_dir() -> Path:
+    """Where to write the model and other outputs (created when missing)."""
+    path = Path(os.environ.get(OUTPUT_DIR_ENV, "."))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
