@@ -221,7 +221,7 @@ def simulate_carbonflow(w: Workload, n_rec: int, seed: int, with_bs: bool) -> Ou
             out.time_s += t
             out.cost += zeus_cost(e, t, ETA, w.max_power)
             prior[bs] = w.epoch_cost(bs, pl)
-        explorer = BatchSizeExplorer(sorted(prior), w.b0, prior, beta=BETA)
+        explorer = BatchSizeExplorer(sorted(prior), w.b0, prior, beta=BETA, horizon=n_rec)
     for _ in range(n_rec):
         for attempt in range(20):
             if not with_bs:

@@ -13,7 +13,7 @@ API others call::
     predict_pair_slowdown(job_a, job_b, solo_a_s, solo_b_s, pair_profiles=None, history=None)
         -> tuple[float, float] | None                                     # None: nothing known, never pair
     choose_colocation_pairs(jobs, max_slowdowns, pair_slowdowns, savings) -> list[tuple[str, str]]
-    plan_night(specs, profiles, forecasts, now, pair_profiles=None, history=None) -> list[Plan]
+    plan_night(specs, profiles, forecasts, now, pair_profiles=None, history=None, robust=False) -> list[Plan]
     separate_if_slow(observed_slowdowns, plans, max_slowdowns) -> Separation
     observed_slowdown(solo_throughput, observed_throughput) -> float
 
@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 import numpy as np
 
 from carbonflow.models import Config, EnergyLabel, Forecast, JobSpec, Plan, Profile
-from carbonflow.planning.costs import IntensityIntegral
+from carbonflow.planning.costs import IntensityIntegral, shrink_forecast
 from carbonflow.planning.learning import JobHistory
 from carbonflow.planning.optimizer import DeadlineError, plan_job, predict_candidates
 
@@ -275,6 +275,7 @@ def plan_night(
     now: datetime,
     pair_profiles: Sequence[PairProfile] | None = None,
     history: JobHistory | None = None,
+    robust: bool = False,
 ) -> list[Plan]:
     """Plans for a night's batch: each job's joint plan, then guarded co-location where it saves more.
 
@@ -293,12 +294,15 @@ def plan_night(
         if name not in profiles:
             raise ValueError(f"profiles has no entry for job {name!r}; profile it before planning the night")
     solo = {
-        s.name: plan_job(s, profiles[s.name], forecasts.get(s.region), now, history, on_infeasible="fastest")
+        s.name: plan_job(
+            s, profiles[s.name], forecasts.get(s.region), now, history, on_infeasible="fastest", robust=robust
+        )
         for s in specs
     }
     if not pair_profiles and history is None:
         return [solo[n] for n in names]
 
+    shrunk = {region: shrink_forecast(f, now) if f is not None and robust else f for region, f in forecasts.items()}
     options: dict[tuple[str, str], _PairOption] = {}
     slowdowns: dict[tuple[str, str], tuple[float, float] | None] = {}
     savings: dict[tuple[str, str], float] = {}
@@ -313,7 +317,7 @@ def plan_night(
         assert pair is not None
         try:
             opt = _pair_option(
-                sa, sb, profiles[a], profiles[b], solo[a], solo[b], pair, forecasts.get(sa.region), now, history
+                sa, sb, profiles[a], profiles[b], solo[a], solo[b], pair, shrunk.get(sa.region), now, history
             )
         except (DeadlineError, ValueError):
             continue

@@ -21,6 +21,7 @@ with numpy), which keeps the joint optimiser at O(configurations × slots).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -124,6 +125,33 @@ class IntensityIntegral:
     def beyond_horizon(self, end_s: float) -> bool:
         """Whether a window ending at ``end_s`` relies on the persistence extension."""
         return end_s > self.horizon_end_s + 1e-9
+
+
+def shrink_forecast(forecast: Forecast, now: datetime) -> Forecast:
+    """The forecast's values shrunk toward their mean by how much of their spread its own error explains.
+
+    Choosing the lowest of noisy forecast values picks noise (the winner's curse): with an error standard
+    deviation σ(lead) (``σ = MAE·√(π/2)`` from ``forecast.error_mae_by_lead_h``) and the spread ``s²`` of the
+    forecast values, the expected actual given the forecast is ``μ + k·(f − μ)`` with
+    ``k = max(0, 1 − σ²/s²)`` (empirical Bayes). Where the error is as large as the spread, every slot looks
+    the same and the planner starts now. Returned unchanged when the forecast carries no error model.
+    """
+    if not forecast.error_mae_by_lead_h or len(forecast.points) < 2:
+        return forecast
+    values = np.array([p.gco2_per_kwh for p in forecast.points], dtype=float)
+    mu = float(values.mean())
+    spread = float(values.var())
+    bounds = sorted(forecast.error_mae_by_lead_h)
+    maes = [forecast.error_mae_by_lead_h[b] for b in bounds]
+    points = []
+    for p, v in zip(forecast.points, values, strict=True):
+        lead_h = max(0.0, (p.end - now).total_seconds() / 3600)
+        i = min(int(np.searchsorted(bounds, lead_h, side="left")), len(bounds) - 1)
+        sigma = maes[i] * math.sqrt(math.pi / 2)
+        k = max(0.0, 1.0 - sigma * sigma / spread) if spread > 0 else 0.0
+        points.append(p.model_copy(update={"gco2_per_kwh": max(0.0, mu + k * (v - mu))}))
+    note = "values shrunk toward their mean by the forecast's own error (winner's-curse correction)"
+    return forecast.model_copy(update={"points": points, "notes": [*forecast.notes, note]})
 
 
 def carbon_g(power_w: float, start: datetime, duration_s: float, forecast: Forecast) -> float:

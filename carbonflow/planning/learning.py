@@ -217,9 +217,9 @@ class BatchSizeExplorer:
     default_batch_size: int
     prior_cost_per_epoch: Mapping[int, float]
     beta: float = 2.0
-    explore_beta: float = 1.25
+    explore_beta: float = 1.5
     prior_cv: float = 0.15
-    optimism: float = 0.8
+    optimism: float = 0.9
     prior_epoch_exponent: float = 0.5
     """Before two batch sizes converged: epochs to target of a larger batch size assumed ∝ batch_size ** this
     (between perfect scaling, 0, and none, 1) and of a smaller one equal; replaced by the log-log slope
@@ -227,6 +227,8 @@ class BatchSizeExplorer:
     max_failures: int = 2
     explore_budget: int | None = None
     """At most this many exploratory runs (None: unbounded; pruning keeps it small)."""
+    horizon: int | None = None
+    """Expected number of recurrences of the job (None: unknown, treated as unbounded)."""
 
     def __post_init__(self) -> None:
         if self.default_batch_size not in self.batch_sizes:
@@ -239,6 +241,7 @@ class BatchSizeExplorer:
         self.arms: dict[int, _Arm] = {b: _Arm() for b in sorted(self.batch_sizes)}
         self.epochs_seen: dict[int, list[float]] = {b: [] for b in self.batch_sizes}
         self.explored = 0
+        self.runs = 0
 
     # -- beliefs ------------------------------------------------------------------------------------------
     def best_mean(self) -> tuple[int, float]:
@@ -303,8 +306,15 @@ class BatchSizeExplorer:
             if converged and not ({i - 1, i + 1} & converged):
                 continue  # only next to a batch size known to converge: no long extrapolations
             cost = self.predicted_cost(b)
-            if cost * self.optimism < best:
-                scored.append((cost, b))
+            if cost * self.optimism >= best:
+                continue
+            if self.horizon is not None and math.isfinite(best):
+                remaining = max(0, self.horizon - self.runs)
+                # Exploration never costs more than it saves: the optimistic saving over the remaining
+                # recurrences must cover the worst loss of one exploratory run (stopped at explore_beta x best).
+                if not exploration_pays_off(best - cost * self.optimism, self.explore_beta * best, remaining):
+                    continue
+            scored.append((cost, b))
         return [b for _, b in sorted(scored)]
 
     # -- decisions ----------------------------------------------------------------------------------------
@@ -320,12 +330,13 @@ class BatchSizeExplorer:
         candidates = [b for b, arm in self.arms.items() if arm.costs and self._alive(b)]
         if not candidates:
             return self.default_batch_size
-        # Confirmation: an arm seen once and within 2 prior CVs of the best is run once more before it
+        # Confirmation: an arm seen once and within 2 pooled CVs of the best is run once more before it
         # enters Thompson sampling; an arm seen once and worse than that is dropped.
+        margin = 2 * self.pooled_cv()
         confirm = [
             (self.arms[b].mean(), b)
             for b in candidates
-            if len(self.arms[b].costs) == 1 and self.arms[b].mean() <= best * (1 + 2 * self.prior_cv)
+            if len(self.arms[b].costs) == 1 and self.arms[b].mean() <= best * (1 + margin)
         ]
         if confirm and budget_left and any(len(self.arms[b].costs) >= 2 for b in candidates):
             return min(confirm)[1]
@@ -371,6 +382,7 @@ class BatchSizeExplorer:
         if batch_size not in self.arms:
             raise ValueError(f"batch_size={batch_size} is not among {list(self.arms)}")
         arm = self.arms[batch_size]
+        self.runs += 1
         if batch_size != self.default_batch_size and not arm.costs and arm.failures == 0:
             self.explored += 1
         if reached:

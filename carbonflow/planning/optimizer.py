@@ -6,7 +6,7 @@ API others call::
 
     plan_job(spec: JobSpec, profile: Profile, forecast: Forecast | None, now: datetime,
              history: JobHistory | None = None, *, on_infeasible: "raise" | "fastest" = "raise",
-             alternatives_per_config: int = 3) -> Plan
+             alternatives_per_config: int = 3, robust: bool = False) -> Plan
     choose_power_limit(power_limits_w, time_s, power_w, *, objective="energy", max_slowdown=0.10,
                        default_power_limit_w=None, max_power_w=None, intensity_gco2_per_kwh=None) -> float
     predict_candidates(spec, profile, history=None) -> list[Candidate]      # per-config predictions
@@ -35,6 +35,9 @@ How a plan is made
   ``on_infeasible="raise"`` (default) raises :class:`DeadlineError` (a ValueError naming ``finish_by``) and
   ``on_infeasible="fastest"`` returns the fastest configuration starting now with a reason that begins
   ``DEADLINE AT RISK``. A deadline is never missed silently.
+* ``robust=True`` (opt-in): when the forecast carries ``error_mae_by_lead_h``, its values are first shrunk
+  toward their mean by :func:`carbonflow.planning.costs.shrink_forecast` (winner's-curse correction). On a
+  year of GB/DE/CAISO replays with calibrated error it did not pay (nightly_carbon ``--robust``), so it is off.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from typing import Literal
 import numpy as np
 
 from carbonflow.models import Config, Forecast, JobSpec, Plan, PlanAlternative, Profile, ProfilePoint, parse_objective
-from carbonflow.planning.costs import IntensityIntegral, Reference, emissions_g, objective_costs
+from carbonflow.planning.costs import IntensityIntegral, Reference, emissions_g, objective_costs, shrink_forecast
 from carbonflow.planning.learning import JobHistory
 
 _EPS = 1e-9
@@ -213,6 +216,7 @@ def plan_job(
     *,
     on_infeasible: Literal["raise", "fastest"] = "raise",
     alternatives_per_config: int = 3,
+    robust: bool = False,
 ) -> Plan:
     """Choose configuration and start jointly for one job (see the module docstring)."""
     _utc("now", now)
@@ -240,6 +244,9 @@ def plan_job(
     key_rank = np.argsort(np.argsort(np.array(keys)))  # deterministic final tie-break
 
     finish_by_s = (spec.finish_by - now).total_seconds() if spec.finish_by is not None else None
+    if robust and forecast is not None and forecast.error_mae_by_lead_h:
+        forecast = shrink_forecast(forecast, now)
+        notes.append("forecast shrunk by its error")
     integral = IntensityIntegral(forecast, now) if forecast is not None else None
     if finish_by_s is not None:
         latest = finish_by_s - durations
