@@ -292,13 +292,14 @@ def test_empty_data_and_null_intensities_fall_back(httpserver, caplog, kind):
         assert any(kind in n and ("no forecast values" in n or "empty" in n or "non-empty" in n) for n in fc.notes)
 
 
-def test_429_retry_after_is_honoured_then_succeeds(httpserver):
+@pytest.mark.parametrize("status", [429, 503])
+def test_retry_after_is_honoured_then_succeeds(httpserver, status):
     calls = []
 
     def handler(request):
         calls.append(time.monotonic())
         if len(calls) == 1:
-            return Response('{"error": "Too Many Requests"}', 429, headers={"Retry-After": "1"}, content_type=JSON)
+            return Response('{"error": "busy"}', status, headers={"Retry-After": "1"}, content_type=JSON)
         return Response(body("uk-carbon-intensity/GET_intensity_2023-03-14T12-01Z_fw48h.json"), 200, content_type=JSON)
 
     httpserver.expect_request(PATHS["neso"]).respond_with_handler(handler)
