@@ -53,10 +53,10 @@ def _device_model(result: RunResult, profile: Profile | None) -> str:
     gpus = [d for d in result.devices if d.kind == "gpu"]
     devices = gpus or result.devices
     if devices:
-        models = sorted({d.device_model for d in devices})
-        prefix = "simulated " if all(d.label == "simulated" for d in devices) else ""
-        model = ",".join(models)
-        return model if model.startswith("simulated") else prefix + model
+        model = ",".join(sorted({d.device_model for d in devices}))
+        if all(d.label == "simulated" for d in devices) and "simulated" not in model.lower():
+            model = f"{model} (simulated)"
+        return model
     return profile.device_model if profile is not None else "unknown"
 
 

@@ -192,7 +192,7 @@ def render_png(report: ReportData) -> Path:
 
     rows = report.rows
     xs = list(range(len(rows)))
-    ticks = [str(r.recurrence) if r.recurrence is not None else "?" for r in rows]
+    ticks = [f"{r.recurrence if r.recurrence is not None else '?'}\n{r.config_key}" for r in rows]
     fig = Figure(figsize=(PNG_WIDTH_IN, PNG_HEIGHT_IN), dpi=PNG_DPI)
     axes = fig.subplots(2, 2)
     ax = axes[0][0]
@@ -228,7 +228,8 @@ def render_png(report: ReportData) -> Path:
     ax.legend(fontsize=8)
     for ax in axes.flat:
         ax.set_xticks(xs, ticks)
-        ax.set_xlabel("recurrence")
+        ax.set_xlabel("recurrence / configuration")
+        ax.tick_params(axis="x", labelsize=7 if len(rows) > 8 else 9)
         ax.grid(alpha=0.3)
     labels = ", ".join(sorted({r.energy_labels for r in rows}))
     fig.suptitle(f"carbonflow report: {report.job} ({len(rows)} runs; energy: {labels})")

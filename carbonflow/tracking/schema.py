@@ -174,7 +174,7 @@ SCHEMA: tuple[SchemaEntry, ...] = (
     SchemaEntry(T_JOB, "tag", "all", "the job's recurring key"),
     SchemaEntry(T_KIND, "tag", "all", "training, profile or profile-point"),
     SchemaEntry(T_RECURRENCE, "tag", "training", "1, 2, 3 … : which night of this job"),
-    SchemaEntry(T_DEVICE_MODEL, "tag", "all", "device model, e.g. `NVIDIA A40` or `simulated V100`"),
+    SchemaEntry(T_DEVICE_MODEL, "tag", "all", "device model, e.g. `NVIDIA A40` or `NVIDIA V100 (simulated)`"),
     SchemaEntry(T_DEVICE_UUIDS, "tag", "training", "device ids used, comma-separated"),
     SchemaEntry(T_ENERGY_LABELS, "tag", "all", "measured / estimated / simulated, comma-separated"),
     SchemaEntry(T_REPLAY, "tag", "training", "`true` when carbon data was replayed from recorded data"),
