@@ -30,6 +30,7 @@ from carbonflow.planning.learning import BatchSizeExplorer, Correction, JobHisto
 from carbonflow.planning.optimizer import (
     Candidate,
     DeadlineError,
+    choose_batch_size,
     choose_power_limit,
     plan_job,
     predict_candidates,
@@ -48,6 +49,7 @@ __all__ = [
     "RunRecord",
     "Separation",
     "carbon_g",
+    "choose_batch_size",
     "choose_colocation_pairs",
     "choose_power_limit",
     "edp",

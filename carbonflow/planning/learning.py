@@ -22,14 +22,18 @@ the job-wide ratio is used (shrunk toward 1 by the number of runs). A data drift
 and the window forgets older nights.
 
 Batch-size exploration (Zeus's problem, NSDI'23 §4): epochs-to-target per batch size is random and unknown;
-cost per epoch per batch size is known from the profile (JIT profiling costs a fraction of one epoch).
-:class:`BatchSizeExplorer` keeps a Gaussian posterior of the *cost to target* per batch size and chooses by
-Thompson sampling, but (1) orders the first tries by what the profile tells — expected cost = cost per epoch
-× the epochs the default batch size needed — instead of Zeus's fixed "default, then smaller, then larger"
-order, (2) never tries a batch size whose optimistic cost (profile cost per epoch × the fewest epochs any
-batch size ever needed) is above the best mean cost seen, and (3) stops a run early once the cost it has
-already spent plus the minimum remaining cost passes ``beta × best mean cost`` (a run that cannot beat
-the best known option by then is abandoned and rerun on the best known batch size).
+cost per epoch per batch size is known from the profile (a short profiling window per batch size).
+:class:`BatchSizeExplorer` (1) starts from the default batch size; (2) predicts every untried batch size's
+cost to target as profile cost per epoch × epochs predicted from the batch sizes seen so far (log-log
+interpolation, or extrapolation with the observed slope; a larger size than any seen is assumed to need
+``b ** prior_epoch_exponent`` more epochs until two sizes are known, a smaller one no fewer) and tries the
+cheapest-predicted neighbour of a batch size known to converge — not Zeus's fixed "down, then up, twice"
+order; (3) tries it only if its optimistic predicted cost is below the best mean seen and, when the job's
+number of recurrences is known, only if that saving over the remaining recurrences covers the worst loss of
+one exploratory run; (4) stops an exploratory run early once it has spent ``explore_beta`` × the best mean
+cost (``beta`` for known batch sizes, as Zeus); (5) confirms a promising single observation once, then
+exploits by Gaussian Thompson sampling whose spread never falls below the run-to-run variation seen on
+well-observed batch sizes.
 """
 
 from __future__ import annotations
@@ -197,20 +201,12 @@ class _Arm:
 
 @dataclass
 class BatchSizeExplorer:
-    """Choose a batch size per recurrence of a job trained to a target metric.
+    """Choose a batch size per recurrence of a job trained to a target metric (see the module docstring).
 
     ``prior_cost_per_epoch`` maps each candidate batch size to the cost of one epoch at its best power limit
-    (from the profile, in the units of the objective, e.g. Zeus's cost in J). The cost to target of batch size
-    b is ``epochs_b × cost_per_epoch_b`` with ``epochs_b`` unknown and random; each arm's belief is a Gaussian
-    over that cost (mean of its observations; variance from them, or a prior coefficient of variation until
-    two observations exist), sampled by Thompson sampling with ``rng``.
-
-    Exploration order: untried batch sizes are tried in ascending order of ``cost_per_epoch_b × e_ref``,
-    e_ref being the epochs the default batch size needed (so the profile decides which to try first), and
-    only while their *optimistic* cost ``cost_per_epoch_b × e_min`` (e_min: the fewest epochs seen for any
-    batch size, times ``optimism``) is below the best mean cost seen — an arm that cannot win even with the
-    luckiest convergence seen is never tried. A batch size that failed to reach the target ``max_failures``
-    times (or was stopped early twice) is pruned.
+    (from the profile, in the units of the objective, e.g. Zeus's cost in J). The caller runs the chosen batch
+    size, stops it at :meth:`stop_threshold`, and reports the outcome with :meth:`observe`. Deterministic
+    given the ``numpy.random.Generator`` handed to :meth:`choose`.
     """
 
     batch_sizes: Sequence[int]

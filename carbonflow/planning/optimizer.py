@@ -4,6 +4,7 @@ Pure and deterministic: the same inputs give the same Plan (``created_at`` is se
 
 API others call::
 
+    choose_batch_size(spec, profile, history, seed=0) -> int | None   # learned across recurrences
     plan_job(spec: JobSpec, profile: Profile, forecast: Forecast | None, now: datetime,
              history: JobHistory | None = None, *, on_infeasible: "raise" | "fastest" = "raise",
              alternatives_per_config: int = 3, robust: bool = False) -> Plan
@@ -17,6 +18,8 @@ How a plan is made
 * **Work.** ``epochs × profile.samples_per_epoch`` when the job gives epochs (for a job trained to a target
   metric, the epochs the history says this batch size needs, capped at ``epochs``); otherwise
   ``steps × spec.batch_size`` samples, the same number of samples whatever batch size is chosen.
+* **Batch size** (opt-in: ``batch_sizes`` and ``target_metric`` set, history given): tonight's batch size
+  comes from :func:`choose_batch_size` (exploration across recurrences); the other knobs are chosen for it.
 * **Per configuration** (each profile point whose batch size / containers / power limit the JobSpec allows):
   duration = work / throughput, energy = power × duration (power = the sum over devices), both multiplied
   by the history's correction factors (realised / predicted over a drift window).
@@ -51,7 +54,7 @@ import numpy as np
 
 from carbonflow.models import Config, Forecast, JobSpec, Plan, PlanAlternative, Profile, ProfilePoint, parse_objective
 from carbonflow.planning.costs import IntensityIntegral, Reference, emissions_g, objective_costs, shrink_forecast
-from carbonflow.planning.learning import JobHistory
+from carbonflow.planning.learning import BatchSizeExplorer, JobHistory
 
 _EPS = 1e-9
 
@@ -128,6 +131,34 @@ def _allowed_points(spec: JobSpec, profile: Profile) -> list[ProfilePoint]:
             f"{spec.min_containers}..{spec.max_containers}, power_limit_w={spec.power_limit_w}); profile it first"
         )
     return points
+
+
+def choose_batch_size(spec: JobSpec, profile: Profile, history: JobHistory | None, seed: int = 0) -> int | None:
+    """Tonight's batch size for a job trained to a target, learned across recurrences (None: not opted in).
+
+    Replays the job's history (realised energy in J as the cost, whether the target was reached, epochs)
+    into a :class:`~carbonflow.planning.learning.BatchSizeExplorer` whose prior is the profile's least energy
+    per epoch at each candidate batch size, and asks it. Deterministic: the random stream is seeded by
+    ``seed`` and the number of past runs.
+    """
+    if not spec.batch_sizes or spec.target_metric is None or history is None:
+        return None
+    sizes = sorted(set(spec.batch_sizes) | {spec.batch_size})
+    spe = profile.samples_per_epoch or spec.batch_size
+    prior: dict[int, float] = {}
+    for p in profile.points:
+        bs = p.config.batch_size if p.config.batch_size is not None else spec.batch_size
+        if bs in sizes:
+            per_epoch = _power_w(p) / p.throughput_samples_per_s * spe
+            prior[bs] = min(prior.get(bs, float("inf")), per_epoch)
+    sizes = [b for b in sizes if b in prior]
+    if spec.batch_size not in prior:
+        return None
+    explorer = BatchSizeExplorer(sizes, spec.batch_size, prior)
+    runs = [r for r in history.for_job(spec.name) if r.batch_size in prior]
+    for r in runs:
+        explorer.observe(r.batch_size, r.realised_energy_j, bool(r.reached_target), r.epochs)  # type: ignore[arg-type]
+    return explorer.choose(np.random.default_rng([seed, len(runs)]))
 
 
 def default_point(spec: JobSpec, points: Sequence[ProfilePoint], profile: Profile) -> ProfilePoint:
@@ -236,6 +267,16 @@ def plan_job(
         notes.append("no forecast: starts now")
 
     candidates, ref_c, ref = predict_candidates(spec, profile, history)
+    learned_bs = choose_batch_size(spec, profile, history)
+    if learned_bs is not None:
+        keep = [
+            c
+            for c in candidates
+            if (c.config.batch_size if c.config.batch_size is not None else spec.batch_size) == learned_bs
+        ]
+        if keep:
+            candidates = keep
+            notes.append(f"batch size {learned_bs} learned across {len(history.for_job(spec.name))} runs")
     n = len(candidates)
     durations = np.array([c.duration_s for c in candidates])
     energies = np.array([c.energy_j for c in candidates])
@@ -347,16 +388,23 @@ def plan_job(
             alternatives.append(alt(i, 0.0, e0, c0, False, why))
 
     # Baseline: the reference configuration started now.
-    ref_i = candidates.index(ref_c)
     base_ci = float(integral.mean(0.0, ref_c.duration_s)) if integral is not None else 0.0
     base_em = emissions_g(ref_c.energy_j, base_ci)
+    one = np.array
     base_cost = float(
-        objective_costs(objective, np.array([ref_c.energy_j]), np.array([ref_c.duration_s]), np.array([base_em]), ref)[
-            0
-        ]
+        objective_costs(objective, one([ref_c.energy_j]), one([ref_c.duration_s]), one([base_em]), ref)[0]
     )
-    base_ok = bool(meets_deadline_now[ref_i])
-    baseline = alt(ref_i, 0.0, base_em, base_cost, base_ok, None if base_ok else "misses finish_by")
+    base_ok = finish_by_s is None or ref_c.duration_s <= finish_by_s + _EPS
+    baseline = PlanAlternative(
+        config=ref_c.config,
+        start=now,
+        predicted_duration_s=float(ref_c.duration_s),
+        predicted_energy_j=float(ref_c.energy_j),
+        predicted_emissions_g=float(base_em),
+        cost=base_cost,
+        feasible=base_ok,
+        why_not=None if base_ok else "misses finish_by",
+    )
 
     reason = _reason(spec, chosen, start, em[best], base_em, ref_c, now, integral is not None, notes)
     return Plan(

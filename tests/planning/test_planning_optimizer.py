@@ -227,3 +227,40 @@ def test_history_correction_changes_the_prediction():
     same = [a for a in corrected.alternatives if a.config.key() == plan.config.key()] or [corrected]
     assert same[0].predicted_duration_s == pytest.approx(plan.predicted_duration_s * 1.2)
     assert Config(containers=1, power_limit_w=250).key() == "c1-pl250"
+
+
+def test_batch_size_is_learned_across_recurrences_from_history():
+    from carbonflow.planning import JobHistory, RunRecord, choose_batch_size
+
+    profile = make_profile(batch_sizes=(64, 256), bs_speed={64: 1.0, 256: 3.0})
+    spec = make_spec(batch_size=64, batch_sizes=[64, 256], target_metric="accuracy", target_value=0.9, max_slowdown=1)
+    # No history: the default batch size first (exploration starts from what the user runs today).
+    empty = JobHistory([])
+    assert choose_batch_size(spec, profile, empty) == 64
+    assert plan_job(spec, profile, make_forecast([200.0] * 96), NOW, empty).config.batch_size == 64
+
+    def run(day: int, bs: int, energy: float, epochs: float) -> RunRecord:
+        return RunRecord(
+            job=spec.name,
+            config_key=f"c1-pl250-b{bs}",
+            finished_at=NOW - timedelta(days=day),
+            predicted_duration_s=1.0,
+            realised_duration_s=1.0,
+            predicted_energy_j=energy,
+            realised_energy_j=energy,
+            batch_size=bs,
+            epochs=epochs,
+            reached_target=True,
+        )
+
+    # 64 converged in 10 epochs; 256 is 3x cheaper per epoch, so even at sqrt(4) = 2x the epochs (the prior for
+    # a larger batch) it is predicted cheaper and gets tried next.
+    after_one = JobHistory([run(3, 64, 1_000_000.0, 10)])
+    assert choose_batch_size(spec, profile, after_one) == 256
+    plan = plan_job(spec, profile, make_forecast([200.0] * 96), NOW, after_one)
+    assert plan.config.batch_size == 256 and "learned across 1 runs" in plan.reason
+    # 256 turned out to need 4x the epochs: the explorer goes back to 64.
+    after_two = JobHistory([run(3, 64, 1_000_000.0, 10), run(2, 256, 2_500_000.0, 40)])
+    assert choose_batch_size(spec, profile, after_two) == 64
+    # Not opted in: no learned batch size.
+    assert choose_batch_size(make_spec(), profile, after_two) is None
