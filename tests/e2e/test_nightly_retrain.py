@@ -1,0 +1,55 @@
+"""End to end: nightly_retrain runs through Airflow on the embedded DB and leaves its MLflow runs.
+
+profile → plan → wait (deferred; the trigger runs in-process under dag.test) → train → log, with
+the real digits CNN on this CPU, the simulated V100, and replayed NESO GB carbon data.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_nightly_retrain_leaves_a_complete_mlflow_run_per_job(airflow_db) -> None:
+    from airflow.models.dagbag import DagBag
+    from mlflow import MlflowClient
+
+    from carbonflow.tracking import schema as s
+
+    bag = DagBag(include_examples=False)
+    dag = bag.get_dag("nightly_retrain")
+    assert dag is not None, bag.import_errors
+    started = datetime.now(UTC)
+    run = dag.test()
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert set(states.values()) == {"success"}, states
+
+    client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    for job in ("digits-cnn", "digits-cnn-wide-batch"):
+        experiment = client.get_experiment_by_name(s.experiment_name(job))
+        assert experiment is not None
+        runs = client.search_runs(
+            [experiment.experiment_id],
+            filter_string=f"tags.`{s.T_KIND}` = 'training' and attributes.start_time >= {int(started.timestamp() * 1000)}",
+        )
+        assert len(runs) == 1, f"{job}: expected one training run, found {len(runs)}"
+        data = runs[0].data
+        for metric in (s.M_DURATION_S, s.M_ENERGY_TOTAL_J, s.M_EMISSIONS_G, s.M_CARBON_INTENSITY_MEAN, s.M_TEST_ACCURACY):
+            assert metric in data.metrics, metric
+        assert data.metrics[s.M_TEST_ACCURACY] >= 0.95
+        assert data.metrics[s.M_ENERGY_TOTAL_J] > 0 and data.metrics[s.M_EMISSIONS_G] > 0
+        # Emissions are energy × the replayed intensity: the mean intensity ties them together.
+        kwh = data.metrics[s.M_ENERGY_TOTAL_J] / 3.6e6
+        assert data.metrics[s.M_EMISSIONS_G] == pytest.approx(kwh * data.metrics[s.M_CARBON_INTENSITY_MEAN], rel=1e-6)
+        for param in (s.P_POWER_LIMIT_W, s.P_CONTAINERS, s.P_PLANNED_START, s.P_REGION, s.P_FORECAST_PROVIDER):
+            assert param in data.params, param
+        assert data.params[s.P_FORECAST_PROVIDER].startswith("replay")
+        assert data.tags[s.T_JOB] == job
+        assert data.tags[s.T_REPLAY] == "true"
+        assert "simulated" in data.tags[s.T_ENERGY_LABELS] and "estimated" in data.tags[s.T_ENERGY_LABELS]
+        artifacts = {a.path for a in client.list_artifacts(runs[0].info.run_id)}
+        assert s.A_PLAN in artifacts
