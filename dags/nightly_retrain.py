@@ -12,39 +12,11 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param
 
 from carbonflow.operators import CarbonAwareTrainingOperator, EnergyProfileOperator, ValidateJobsOperator
+from carbonflow.workloads.catalog import NIGHTLY_JOBS
 
 GPU_POOL = "carbonflow_gpu"
 
-JOBS = [
-    {
-        "name": "digits-cnn",
-        "workload": "digits_cnn",
-        "simulated_gpu": {"gpu_model": "V100", "dataset": "cifar100", "network": "shufflenetv2", "count": 2},
-        "max_containers": 2,
-        "epochs": 15,
-        "batch_size": 64,
-        "region": "GB",
-        "objective": "carbon",
-        "max_slowdown": 0.15,
-        "min_accuracy": 0.95,
-        "profile_steps": 60,
-        "profile_warmup_steps": 5,
-    },
-    {
-        "name": "digits-cnn-wide-batch",
-        "workload": "digits_cnn",
-        "simulated_gpu": {"gpu_model": "V100", "dataset": "sentiment140", "network": "bert_base_uncased"},
-        "epochs": 12,
-        "batch_size": 128,
-        "region": "GB",
-        "objective": "zeus:0.5",
-        "max_slowdown": 0.25,
-        "min_accuracy": 0.95,
-        "power_limits_w": [250, 200, 150],
-        "profile_steps": 40,
-        "profile_warmup_steps": 5,
-    },
-]
+JOBS = NIGHTLY_JOBS
 
 with DAG(
     dag_id="nightly_retrain",

@@ -43,6 +43,25 @@ def parse_job(job: JobSpec | dict[str, Any] | str) -> JobSpec:
         raise ValueError(f"invalid job: {problems}") from None
 
 
+BACKENDS = ("local", "kubernetes")
+
+
+def make_backend(name: str, workdir: Path, kubernetes: dict[str, Any] | None = None) -> Any:
+    """The execution backend called ``name``: ``local`` processes or ``kubernetes`` pods/jobs."""
+    if name == "local":
+        from carbonflow.execution.local import LocalBackend
+
+        return LocalBackend(workdir)
+    if name == "kubernetes":
+        from carbonflow.execution.k8s_manifests import KubernetesSettings
+        from carbonflow.execution.kubernetes import KubernetesBackend
+
+        options = dict(kubernetes or {})
+        connection = {k: options.pop(k) for k in ("config_file", "context", "in_cluster") if k in options}
+        return KubernetesBackend(KubernetesSettings.model_validate(options), **connection)
+    raise ValueError(f"backend={name!r} is not allowed; use one of {', '.join(BACKENDS)}")
+
+
 def replay_enabled(flag: bool | None) -> bool:
     """Replay recorded carbon data instead of live APIs: the operator flag, else ``$CARBONFLOW_REPLAY``."""
     if flag is not None:

@@ -83,22 +83,32 @@ def _check_power_limits(spec: JobSpec) -> None:
 class ValidateJobsOperator(BaseOperator):
     """First task of a DAG run: validate every job with the run's params; push each JobSpec to XCom.
 
-    The run's params (``context['params']``) override the fields in ``OVERRIDABLE``. Each job's JSON is pushed under the job's name as XCom key, so later tasks read it with
+    The run's params (``context['params']``) override the fields in ``OVERRIDABLE``. Each job's JSON
+    is pushed under the job's name as XCom key (``only_param`` names the param choosing one job), so
+    later tasks read it with
     ``{{ ti.xcom_pull(task_ids='validate', key='<job>') }}``.
     """
 
     ui_color = "#fff3c4"
 
-    def __init__(self, *, jobs: Sequence[dict[str, Any]], **kwargs: Any) -> None:
+    def __init__(self, *, jobs: Sequence[dict[str, Any]], only_param: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not jobs:
             raise ValueError("jobs=[] is not allowed; give at least one job")
         self.jobs = list(jobs)
+        self.only_param = only_param
 
     def execute(self, context: Any) -> list[str]:
         overrides = dict(context.get("params") or {})
+        jobs = self.jobs
+        if self.only_param:
+            wanted = overrides.get(self.only_param)
+            jobs = [job for job in self.jobs if job.get("name") == wanted]
+            if not jobs:
+                allowed = ", ".join(sorted(str(job.get("name")) for job in self.jobs))
+                raise RequestError(f"{self.only_param}={wanted!r} is not a known job; allowed: {allowed}")
         names = []
-        for base in self.jobs:
+        for base in jobs:
             spec = validate_job(apply_overrides(base, overrides))
             context["ti"].xcom_push(key=spec.name, value=spec.model_dump_json())
             self.log.info("job %s valid: region %s, objective %s", spec.name, spec.region, spec.objective)

@@ -8,7 +8,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from carbonflow.models import JobSpec, Profile, utcnow
-from carbonflow.operators.common import home, parse_job, safe_name
+from carbonflow.operators.common import home, make_backend, parse_job, safe_name
 
 
 class EnergyProfileOperator(BaseOperator):
@@ -19,7 +19,7 @@ class EnergyProfileOperator(BaseOperator):
     instead of profiling again.
     """
 
-    template_fields: Sequence[str] = ("job",)
+    template_fields: Sequence[str] = ("job", "backend")
     ui_color = "#d9f2d9"
 
     def __init__(
@@ -29,9 +29,13 @@ class EnergyProfileOperator(BaseOperator):
         step_w: float = 25.0,
         reuse_profiles: bool = True,
         tracking_uri: str | None = None,
+        backend: str = "local",
+        kubernetes: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.backend = backend
+        self.kubernetes = kubernetes
         self.job = job.model_dump(mode="json") if isinstance(job, JobSpec) else job
         self.step_w = step_w
         self.reuse_profiles = reuse_profiles
@@ -41,7 +45,6 @@ class EnergyProfileOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from carbonflow.energy.discovery import discover_devices
         from carbonflow.execution.commands import samples_per_epoch
-        from carbonflow.execution.local import LocalBackend
         from carbonflow.profiling.profiler import profile_job
 
         spec = parse_job(self.job)
@@ -57,7 +60,7 @@ class EnergyProfileOperator(BaseOperator):
                 )  # fmt: skip
                 return fresh.model_dump(mode="json")
         run_id = context["run_id"] if context and "run_id" in context else utcnow().strftime("%Y%m%dT%H%M%S")
-        self._backend = LocalBackend(home() / "runs" / safe_name(run_id) / spec.name)
+        self._backend = make_backend(self.backend, home() / "runs" / safe_name(run_id) / spec.name, self.kubernetes)
         self.log.info("profiling %s on %s", spec.name, ", ".join(d.describe() for d in devices))
 
         def progress(key: str, done: int, planned: int) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from carbonflow.models import Forecast, JobSpec, Plan, Profile, RunResult
-from carbonflow.operators.common import CarbonSource, home, parse_job, replay_enabled, safe_name
+from carbonflow.operators.common import CarbonSource, home, make_backend, parse_job, replay_enabled, safe_name
 from carbonflow.operators.triggers import CarbonWindowTrigger, OperatorClock
 
 LAUNCH_TOLERANCE_S = 60.0
@@ -52,9 +52,11 @@ class CarbonAwareTrainingOperator(BaseOperator):
     :param max_replans: how often a re-plan on waking may move the start.
     :param replan_interval_s: wake at least this often while waiting to re-check the forecast.
     :param conn_ids: Airflow connection ids per keyed provider (electricitymaps, watttime, carbon_aware_sdk).
+    :param backend: ``local`` (processes on the worker) or ``kubernetes`` (pods/jobs; settings in ``kubernetes``:
+        KubernetesSettings fields plus ``config_file``, ``context``, ``in_cluster``).
     """
 
-    template_fields: Sequence[str] = ("job", "replay_start")
+    template_fields: Sequence[str] = ("job", "replay_start", "backend")
     ui_color = "#b3e5fc"
 
     def __init__(
@@ -71,9 +73,13 @@ class CarbonAwareTrainingOperator(BaseOperator):
         deferrable: bool = True,
         tracking_uri: str | None = None,
         conn_ids: dict[str, str] | None = None,
+        backend: str = "local",
+        kubernetes: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.backend = backend
+        self.kubernetes = kubernetes
         self.job = job.model_dump(mode="json") if isinstance(job, JobSpec) else job
         self.profile_task_id = profile_task_id
         self.deadline_time_utc = deadline_time_utc
@@ -236,14 +242,13 @@ class CarbonAwareTrainingOperator(BaseOperator):
     def _launch(
         self, context: Any, state: dict[str, Any], clock: OperatorClock, source: CarbonSource
     ) -> dict[str, Any]:
-        from carbonflow.execution.local import LocalBackend
         from carbonflow.execution.results import to_run_result
 
         spec = JobSpec.model_validate(state["job"])
         plan = Plan.model_validate(state["plan"])
         forecast = Forecast.model_validate(state["forecast"]) if state.get("forecast") else None
         run_id = str(context["run_id"]) if context and "run_id" in context else "manual"
-        self._backend = LocalBackend(home() / "runs" / safe_name(run_id) / spec.name)
+        self._backend = make_backend(self.backend, home() / "runs" / safe_name(run_id) / spec.name, self.kubernetes)
         self.log.info("launching %s with %s", spec.name, plan.config.key())
         wrapped = self._backend.execute(spec, plan, run_name="train")
         started = wrapped.started_at + timedelta(seconds=clock.offset_s)
