@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 ENTRY_FILE = "entry.json"
 LOCK_FILE = "lock"
 REPLAYED_LOG = "replayed.jsonl"
+FAILED_DIR = "failed"
+#: A reachable store refusing an entry this many times is not an outage: the entry is quarantined.
+MAX_ATTEMPTS = 5
 
 
 def new_idempotency_key() -> str:
@@ -103,7 +106,7 @@ def pending(*, root: Path | None = None, tracking_uri: str | None = None) -> lis
     if not root.is_dir():
         return []
     entries = []
-    for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for path in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != FAILED_DIR):
         entry = _load(path)
         if entry is not None and (tracking_uri is None or entry.meta.tracking_uri == tracking_uri):
             entries.append(entry)
@@ -156,43 +159,88 @@ def _flush(entry: SpoolEntry, uri: str, *, from_spool: bool) -> tuple[str, str, 
     return result
 
 
+def _quarantine(entry: SpoolEntry) -> Path:
+    """Move an entry the store keeps refusing (not an outage) to ``<spool>/failed/``; it is kept, not lost."""
+    target = entry.path.parent / FAILED_DIR / entry.path.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(entry.path), target)
+    log.error(
+        "spooled run %s refused %d times by a reachable tracking store (%s); kept at %s for inspection",
+        entry.record.idempotency_key,
+        entry.meta.attempts,
+        entry.meta.last_error,
+        target,
+    )
+    return target
+
+
+def failed_entries(*, root: Path | None = None) -> list[SpoolEntry]:
+    """Entries quarantined after :data:`MAX_ATTEMPTS` refusals by a reachable store."""
+    folder = (root or spool_root()) / FAILED_DIR
+    if not folder.is_dir():
+        return []
+    return [e for e in (_load(p) for p in sorted(folder.iterdir()) if p.is_dir()) if e is not None]
+
+
+def _replay(uri: str, entries: list[SpoolEntry]) -> tuple[int, str | None]:
+    """Write ``entries`` oldest first; returns (written, outage reason or None).
+
+    Stops at an outage (the store unreachable). A failure while the store stays reachable is not an
+    outage: that entry is skipped (and quarantined after :data:`MAX_ATTEMPTS`), the others go on.
+    """
+    written = 0
+    for entry in entries:
+        try:
+            if _flush(entry, uri, from_spool=True) is not None:
+                written += 1
+        except Exception as exc:
+            reachable, why = server_reachable(uri)
+            if not reachable:
+                return written, why
+            log.warning("replay of %s failed: %s: %s", entry.path.name, type(exc).__name__, exc)
+            if entry.meta.attempts >= MAX_ATTEMPTS:
+                _quarantine(entry)
+    return written, None
+
+
 def replay_spool(tracking_uri: str | None = None, *, root: Path | None = None, all_targets: bool = False) -> int:
     """Write waiting spooled runs to ``tracking_uri``, oldest first; returns how many were written.
 
-    Stops at the first failure (the store is still down) and leaves the rest waiting. With
-    ``all_targets`` it also replays entries first meant for another tracking URI into this one.
+    Stops at an outage and leaves the rest waiting. With ``all_targets`` it also replays entries first
+    meant for another tracking URI into this one.
     """
     uri = resolve_tracking_uri(tracking_uri)
     reachable, why = server_reachable(uri)
     if not reachable:
         log.warning("not replaying the spool: %s", why)
         return 0
-    written = 0
-    for entry in pending(root=root, tracking_uri=None if all_targets else uri):
-        try:
-            if _flush(entry, uri, from_spool=True) is not None:
-                written += 1
-        except Exception as exc:
-            log.warning("replay of %s stopped: %s: %s", entry.path.name, type(exc).__name__, exc)
-            break
+    written, outage = _replay(uri, pending(root=root, tracking_uri=None if all_targets else uri))
+    if outage:
+        log.warning("spool replay stopped after %d run(s): %s", written, outage)
     return written
 
 
 def deliver(record: RunRecord, tracking_uri: str | None = None, *, root: Path | None = None) -> TrackingOutcome:
     """Spool ``record``, replay older waiting runs, then write it; never raises because tracking is down."""
     uri = resolve_tracking_uri(tracking_uri)
-    entry = write_spool(record, uri, root=root)
     outcome = TrackingOutcome(tracking_uri=uri, idempotency_key=record.idempotency_key)
+    try:
+        entry = write_spool(record, uri, root=root)
+    except OSError as exc:  # no local disk to spool to: write straight through, and fail loudly if that fails
+        log.error("cannot spool run %s locally (%s); writing it directly", record.idempotency_key, exc)
+        from carbonflow.tracking.store import client_for, write_record
+
+        with short_http_timeouts():
+            result = write_record(client_for(uri), uri, record, Path("/"))
+        outcome.run_id, outcome.experiment_id, outcome.model_version = result
+        return outcome
     reachable, why = server_reachable(uri)
     if not reachable:
         return _spooled(entry, outcome, why)
     older = [e for e in pending(root=root, tracking_uri=uri) if e.path != entry.path]
-    for waiting in older:
-        try:
-            if _flush(waiting, uri, from_spool=True) is not None:
-                outcome.replayed_from_spool += 1
-        except Exception as exc:
-            return _spooled(entry, outcome, f"replay of an older spooled run failed: {type(exc).__name__}: {exc}")
+    outcome.replayed_from_spool, outage = _replay(uri, older)
+    if outage:
+        return _spooled(entry, outcome, f"store went away while replaying older spooled runs: {outage}")
     try:
         result = _flush(entry, uri, from_spool=False)
     except Exception as exc:

@@ -116,7 +116,9 @@ def next_recurrence(client: MlflowClient, experiment_id: str) -> int:
     return highest + 1
 
 
-def _log_missing_fields(client: MlflowClient, run: Run, record: RunRecord, extra_tags: dict[str, str]) -> None:
+def _log_missing_fields(
+    client: MlflowClient, run: Run, record: RunRecord, extra_tags: dict[str, str], *, complete: bool = False
+) -> None:
     from mlflow.entities import Metric, Param, RunTag
 
     run_id = run.info.run_id
@@ -127,8 +129,16 @@ def _log_missing_fields(client: MlflowClient, run: Run, record: RunRecord, extra
         Metric(k, float(v), record.end_time_ms, 0) for k, v in sorted(record.metrics.items()) if k not in have_metrics
     ]
     tags = [RunTag(k, v) for k, v in sorted({**record.tags, **extra_tags}.items()) if k != schema.T_COMPLETE]
-    for i in range(0, max(len(params), len(metrics), len(tags), 1), 100):
-        client.log_batch(run_id, metrics=metrics[i : i + 100], params=params[i : i + 100], tags=tags[i : i + 100])
+    starts = list(range(0, max(len(params), len(metrics), len(tags), 1), 100))
+    for i in starts:
+        batch_tags = tags[i : i + 100]
+        if complete and i == starts[-1] and len(batch_tags) < 100:
+            # the last batch completes the run: mark it in the same (single-transaction) request
+            batch_tags.append(RunTag(schema.T_COMPLETE, "true"))
+            complete = False
+        client.log_batch(run_id, metrics=metrics[i : i + 100], params=params[i : i + 100], tags=batch_tags)
+    if complete:
+        client.set_tag(run_id, schema.T_COMPLETE, "true")
 
 
 def _register(client: MlflowClient, run: Run, record: RunRecord) -> str | None:
@@ -203,7 +213,8 @@ def write_record(
         extra_tags[schema.T_RECURRENCE] = run.data.tags[schema.T_RECURRENCE]
     run_id = run.info.run_id
 
-    _log_missing_fields(client, run, record, extra_tags)
+    only_fields = not record.artifacts and not record.children and record.registry is None
+    _log_missing_fields(client, run, record, extra_tags, complete=only_fields)
     for artifact in record.artifacts:
         client.log_artifact(run_id, str(base_dir / artifact.file), artifact.artifact_path)
     for child in record.children:
@@ -224,7 +235,8 @@ def write_record(
             schema.T_MODEL_REGISTRY_NOTE,
             f"{record.tags.get(schema.T_MODEL_REGISTRY_NOTE, 'registered')}; version {version}",
         )
-    client.set_tag(run_id, schema.T_COMPLETE, "true")
+    if not only_fields:
+        client.set_tag(run_id, schema.T_COMPLETE, "true")
     client.set_terminated(run_id, status=record.status, end_time=record.end_time_ms)
     return run_id, experiment_id, version
 

@@ -7,6 +7,7 @@ port with the same stores.
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,10 +74,22 @@ def server(mlflow_server: MlflowServer) -> MlflowServer:
     return mlflow_server
 
 
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty embedded store with MLflow's schema migrations already applied (copied per test: faster)."""
+    from carbonflow.tracking.store import client_for
+
+    path = tmp_path_factory.mktemp("template") / "mlflow.db"
+    client_for(f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, migrated_sqlite: Path) -> Path:
     """An isolated carbonflow home (spool, embedded store) with no tracking URI from the environment."""
     path = tmp_path / "cfhome"
+    path.mkdir()
+    shutil.copyfile(migrated_sqlite, path / "mlflow.db")
     monkeypatch.setenv("CARBONFLOW_HOME", str(path))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return path

@@ -88,3 +88,36 @@ def test_spool_survives_the_loss_of_the_original_files(home: Path, tmp_path: Pat
     assert run.data.tags[schema.T_SPOOLED] == "true"
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"plan.json", "power_trace.csv", "model"} <= names
+
+
+def test_a_refused_run_does_not_block_the_others_and_is_kept(home: Path, tmp_path: Path) -> None:
+    from carbonflow.tracking.spool import MAX_ATTEMPTS, failed_entries
+
+    embedded = f"sqlite:///{home / 'mlflow.db'}"
+    bad = training_record(f.job_spec(), f.plan(), f.result(), workdir=tmp_path / "bad")
+    bad.metrics["not|a valid metric name"] = 1.0  # MLflow refuses this name: not an outage
+    refused = deliver(bad, embedded)
+    assert refused.spooled and "not|a valid metric name" in (refused.reason or "")
+
+    good = training_record(f.job_spec(), f.plan(), f.result(), workdir=tmp_path / "good")
+    written = deliver(good, embedded)
+    assert not written.spooled and written.run_id, "a refused older entry must not hold back new runs"
+    for _ in range(MAX_ATTEMPTS):
+        replay_spool(embedded)
+    assert pending() == []
+    [kept] = failed_entries()
+    assert kept.record.idempotency_key == bad.idempotency_key
+    assert kept.meta.attempts >= MAX_ATTEMPTS and "not|a valid metric name" in (kept.meta.last_error or "")
+    rows = realised_vs_predicted("digits", tracking_uri=embedded)
+    assert [r.run_id for r in rows] == [written.run_id], "the half-written refused run is not history"
+
+
+def test_without_a_spool_disk_the_run_is_written_directly(home: Path, tmp_path: Path) -> None:
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the spool folder should be")
+    embedded = f"sqlite:///{home / 'mlflow.db'}"
+    record = training_record(f.job_spec(), f.plan(), f.result(), workdir=tmp_path / "w")
+    outcome = deliver(record, embedded, root=blocked)
+    assert not outcome.spooled and outcome.run_id
+    run = client_for(embedded).get_run(outcome.run_id)
+    assert run.data.tags[schema.T_COMPLETE] == "true"
