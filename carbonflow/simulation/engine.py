@@ -129,6 +129,9 @@ class Policy(Protocol):
         ``candidates`` maps each job type that runs alone on some GPU to one such running job.
         """
 
+    def pair_power_limit_w(self, job: int, other: int, now_s: float) -> float:
+        """Power limit of a GPU while ``job`` and ``other`` share it."""
+
     def pair_observed(self, job: int, other: int, keep_job: float, keep_other: float, now_s: float) -> bool:
         """Early observation of a new pair's speeds (NaN: could not run together); False splits it."""
 
@@ -304,9 +307,11 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
         opens = open_by[host_g[h]]
         opens[jtype[k]].discard(h)
         close(h, t)
-        lim = host_limit[h]
+        lim = policy.pair_power_limit_w(j, k, t)
+        host_limit[h] = lim
         p, s = solo(jtype[j], lim)
         limit_of[j], pw[j], sd[j] = lim, p, s
+        pw[k], sd[k] = solo(jtype[k], lim)
         host_jobs[h].append(j)
         host_of[j] = h
         host_power[h] = devices.shared_power_w(p, pw[k], lim)
@@ -321,11 +326,18 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
             splits += 1
             close(h, t)
             host_jobs[h].remove(j)
-            host_power[h] = pw[k]
-            set_rate(k, t, 1.0 / sd[k])
+            alone_again(k, h, t)
             opens[jtype[k]].add(h)
             open_host(j, t)
         return True
+
+    def alone_again(k: int, h: int, t: float) -> None:
+        """Job k runs alone on host h again: at the power limit the policy gives it, at its solo speed."""
+        lim = policy.power_limit_w(k, t)
+        host_limit[h] = lim
+        pw[k], sd[k] = solo(jtype[k], lim)
+        host_power[h] = pw[k]
+        set_rate(k, t, 1.0 / sd[k])
 
     def try_start(t: float) -> None:
         nonlocal free, seq
@@ -378,8 +390,7 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
                 opens[jtype[j]].discard(h)
             if members:
                 k = members[0]
-                host_power[h] = pw[k]
-                set_rate(k, t, 1.0 / sd[k])
+                alone_again(k, h, t)
                 if opens is not None:
                     opens[jtype[k]].add(h)
             else:

@@ -78,26 +78,32 @@ def relative_to(summary: dict, base: dict) -> dict[str, float]:
     }
 
 
-def calibrate_gpus(exp: Experiment, target_median_queue_s: float, lo: int | None = None, hi: int = 20000) -> int:
-    """The smallest cluster whose FIFO baseline keeps the median queueing delay <= the target (bisection).
+def calibrate_gpus(
+    exp: Experiment, target_queue_s: float, statistic: str = "mean", lo: int | None = None, hi: int = 20000
+) -> int:
+    """The smallest cluster whose FIFO baseline keeps the mean (or median) queueing delay <= the target.
 
-    Used to size the simulated cluster so that its baseline queues like the real cluster did.
+    Bisection over the GPU count; used to size the simulated cluster so that its baseline queues like the
+    real cluster did.
     """
-    if target_median_queue_s < 0:
-        raise ValueError(f"target_median_queue_s={target_median_queue_s} is not allowed; it must be >= 0")
+    if target_queue_s < 0:
+        raise ValueError(f"target_queue_s={target_queue_s} is not allowed; it must be >= 0")
+    if statistic not in ("mean", "median"):
+        raise ValueError(f"statistic={statistic!r} is not allowed; use 'mean' or 'median'")
+    stat = np.mean if statistic == "mean" else np.median
     lo = max(int(exp.trace.num_gpus.max()), lo or 1)
     if lo >= hi:
         raise ValueError(f"hi={hi} must be above the largest job's GPU count {lo}")
 
-    def median_queue(g: int) -> float:
+    def queue_s(g: int) -> float:
         r = simulate(exp.context(replace(exp.cluster, gpus=g)), FifoPolicy())
-        return float(np.median(r.start_s - r.submit_s))
+        return float(stat(r.start_s - r.submit_s))
 
-    if median_queue(hi) > target_median_queue_s:
+    if queue_s(hi) > target_queue_s:
         return hi
     while hi - lo > max(1, lo // 100):
         mid = (lo + hi) // 2
-        if median_queue(mid) <= target_median_queue_s:
+        if queue_s(mid) <= target_queue_s:
             hi = mid
         else:
             lo = mid

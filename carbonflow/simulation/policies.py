@@ -3,7 +3,9 @@
 * ``fifo`` — exclusive GPUs, default power limit, start as soon as the FIFO queue allows (baseline).
 * ``power-limit`` — :func:`carbonflow.planning.choose_power_limit` per recurring family (Zeus-style:
   the first recurrence runs at the default limit and is the profile; later ones use the chosen limit).
-* ``colocation`` — EaCO-style sharing of one GPU by two single-GPU jobs: predicted slowdowns from
+* ``colocation`` — EaCO-style sharing of one GPU by two single-GPU jobs (a shared GPU runs at the
+  default limit, the reference configuration the pair profiles are measured at, as in
+  :func:`carbonflow.planning.plan_night`; a job left alone returns to its own limit): predicted slowdowns from
   :func:`carbonflow.planning.predict_pair_slowdown` (pair profile of the two job types + the jobs'
   predicted remaining work), the slowdown guard and the energy saving through
   :func:`carbonflow.planning.choose_colocation_pairs`. A type pair's profile is measured by the
@@ -55,6 +57,9 @@ class FifoPolicy:
     def choose_partner(self, job: int, candidates: dict[int, int], free_gpus: int, now_s: float) -> int | None:
         return None
 
+    def pair_power_limit_w(self, job: int, other: int, now_s: float) -> float:
+        return self.default_limit_w
+
     def pair_observed(self, job: int, other: int, keep_job: float, keep_other: float, now_s: float) -> bool:
         return True
 
@@ -79,6 +84,7 @@ class PlannerPolicy(FifoPolicy):
         max_slowdown: float | None = None,
         robust_shift: bool = True,
         history_runs: int = 5,
+        decision_granularity_s: float = 300.0,
     ) -> None:
         if history_runs < 1:
             raise ValueError(f"history_runs={history_runs} is not allowed; it must be >= 1")
@@ -90,6 +96,7 @@ class PlannerPolicy(FifoPolicy):
         self.max_slowdown_override = max_slowdown
         self.robust_shift = robust_shift
         self.history_runs = history_runs
+        self.decision_granularity_s = decision_granularity_s
 
     def bind(self, ctx: SimContext) -> None:
         super().bind(ctx)
@@ -105,6 +112,7 @@ class PlannerPolicy(FifoPolicy):
         self.waits: deque[float] = deque(maxlen=500)  # recent queueing delays (release -> start), s
         self.released_at: dict[int, float] = {}
         self.runnable_pair: dict[tuple[int, int], bool] = {}
+        self.shift_cache: dict[tuple[int, int, int], float] = {}
         self.pair_decisions = 0
 
     # -- history ---------------------------------------------------------------------------------------
@@ -175,11 +183,31 @@ class PlannerPolicy(FifoPolicy):
         finish_by_s = jobs.deadline_s[job] - pred * self.max_slowdown - self._queue_margin_s()
         if finish_by_s - run_s <= now_s:
             return now_s
-        forecast = grid.forecast(now_s, FORECAST_HORIZON_S)
-        choice = choose_start(
-            forecast, run_s, grid.to_datetime(now_s), grid.to_datetime(finish_by_s), robust=self.robust_shift
-        )
-        release = max(now_s, (choice.start - grid.origin).total_seconds())
+        # jobs arriving in the same grid slot with about the same run time and finish-by share one decision:
+        # the finish-by is floored to the slot (never later than the job's own) and the run time rounded up
+        step = grid.step_s
+        fb_slot = math.floor((finish_by_s + grid.offset_s) / step)
+        run_key = math.ceil(run_s / self.decision_granularity_s)
+        key = (math.floor((now_s + grid.offset_s) / step), run_key, fb_slot)
+        start = self.shift_cache.get(key)
+        if start is None:
+            finish_by_key = fb_slot * step - grid.offset_s
+            run_rounded = run_key * self.decision_granularity_s
+            if finish_by_key - run_rounded <= now_s:
+                return now_s
+            forecast = grid.forecast(now_s, FORECAST_HORIZON_S)
+            choice = choose_start(
+                forecast,
+                run_rounded,
+                grid.to_datetime(now_s),
+                grid.to_datetime(finish_by_key),
+                robust=self.robust_shift,
+            )
+            start = (choice.start - grid.origin).total_seconds() if choice.start > grid.to_datetime(now_s) else -1.0
+            if len(self.shift_cache) > 100_000:
+                self.shift_cache.clear()
+            self.shift_cache[key] = start
+        release = max(now_s, start)
         if release > now_s:
             self.released_at[job] = release
         return release
@@ -215,7 +243,7 @@ class PlannerPolicy(FifoPolicy):
             pred_k = self.predicted.get(k)
             if pred_k is None or not self._runnable(tj, tk):
                 continue
-            lim = self.limit_of_job[k]
+            lim = self.pair_power_limit_w(job, k, now_s)
             pj, sj = dev.solo(tj, lim)
             pk, sk = dev.solo(tk, lim)
             rem_k = max(pred_k - self.ctx.progress_s(k, now_s), 1.0)
