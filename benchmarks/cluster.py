@@ -210,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             ("shared GPU power = 1.0 x higher solo", {"factor": 1.0}),
             ("shared GPU power = 1.5 x higher solo", {"factor": 1.5}),
             ("shared GPU power = sum of both (2.0 x)", {"factor": 2.0}),
+            ("max_slowdown 0.032 (EaCO's JCT budget)", {"ms": 0.032}),
             ("max_slowdown 0.25", {"ms": 0.25}),
             ("multi-GPU pairs (extrapolated)", {"multi": True}),
             ("multi-GPU pairs + max_slowdown 0.25", {"multi": True, "ms": 0.25}),
