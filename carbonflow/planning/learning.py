@@ -279,8 +279,9 @@ class BatchSizeExplorer:
         else:
             slope = (ly[-1] - ly[-2]) / (lx[-1] - lx[-2])
         slope = min(max(slope, 0.0), 2.0)  # more samples per step never need fewer epochs (within reason)
-        anchor = 0 if b < xs[0] else -1
-        return float(math.exp(ly[anchor] + slope * (math.log(b) - lx[anchor])))
+        if b < xs[0]:  # epochs do not fall with batch size: the fewest seen is an optimistic anchor (noise)
+            return float(min(seen.values()) * math.exp(slope * (math.log(b) - lx[0])))
+        return float(math.exp(ly[-1] + slope * (math.log(b) - lx[-1])))
 
     def predicted_cost(self, b: int) -> float:
         """Profile cost per epoch × predicted epochs to target."""
