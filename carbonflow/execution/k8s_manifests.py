@@ -70,6 +70,14 @@ class KubernetesSettings(BaseModel):
     )
     zeusd_host_dir: str = Field(default="/var/run/zeusd", description="host directory holding zeusd's socket")
     zeusd_socket_name: str = "zeusd.sock"
+    power_journal_host_dir: str = Field(
+        default="/var/lib/carbonflow/power-journal",
+        description="host directory for the wrapper's power-limit restore journals (one sub-directory per pod), "
+        "so that a restore pod can put limits back after a training pod was killed",
+    )
+    restore_runtime_class: str | None = Field(
+        default="nvidia", description="runtime class giving the restore pod NVML without requesting a GPU"
+    )
     privileged: bool = Field(
         default=False, description="run the training container privileged (opt-in; zeusd makes it unnecessary)"
     )
@@ -325,13 +333,11 @@ class ManifestBuilder:
             tolerations = [k8s.V1Toleration(**_snake(t)) for t in s.tolerations] or None
             if s.power_agent == "zeusd":
                 env["ZEUSD_SOCK_PATH"] = s.zeusd_socket_path
-                volumes.append(
-                    k8s.V1Volume(
-                        name="zeusd-socket",
-                        host_path=k8s.V1HostPathVolumeSource(path=s.zeusd_host_dir, type="Directory"),
-                    )
-                )
-                mounts.append(k8s.V1VolumeMount(name="zeusd-socket", mount_path=s.zeusd_mount_path))
+                # $(POD_NAME) is expanded by the kubelet from the variable defined first (see env_vars below).
+                env["CARBONFLOW_POWER_JOURNAL_DIR"] = f"{s.power_journal_host_dir.rstrip('/')}/$(POD_NAME)"
+                v, m = self._agent_volumes()
+                volumes += v
+                mounts += m
         security = k8s.V1SecurityContext(
             privileged=s.privileged,
             allow_privilege_escalation=s.privileged,
@@ -344,7 +350,7 @@ class ManifestBuilder:
             "image_pull_policy": s.image_pull_policy,
             "cmds": ["carbonflow"],
             "arguments": list(args),
-            "env_vars": [k8s.V1EnvVar(name=k, value=v) for k, v in env.items()],
+            "env_vars": [_pod_name_env(), *(k8s.V1EnvVar(name=k, value=v) for k, v in env.items())],
             "labels": dict(labels),
             "annotations": annotations,
             "container_resources": k8s.V1ResourceRequirements(requests=requests or None, limits=limits or None),
@@ -362,6 +368,72 @@ class ManifestBuilder:
             "config_file": self.config_file or _offline_kubeconfig(),
             "cluster_context": self.cluster_context,
         }
+
+    def _agent_volumes(self) -> tuple[list[Any], list[Any]]:
+        """The zeusd socket directory and the power-limit journal directory, both from the host."""
+        from kubernetes.client import models as k8s
+
+        s = self.settings
+        volumes = [
+            k8s.V1Volume(name="zeusd-socket", host_path=k8s.V1HostPathVolumeSource(path=s.zeusd_host_dir,
+                                                                                   type="Directory")),
+            k8s.V1Volume(name="power-journal", host_path=k8s.V1HostPathVolumeSource(
+                path=s.power_journal_host_dir, type="DirectoryOrCreate")),
+        ]
+        mounts = [
+            k8s.V1VolumeMount(name="zeusd-socket", mount_path=s.zeusd_mount_path),
+            k8s.V1VolumeMount(name="power-journal", mount_path=s.power_journal_host_dir),
+        ]
+        return volumes, mounts
+
+    def restore_pod(self, spec: JobSpec, failed_pod_name: str, node_name: str) -> Any:
+        """A pod pinned to ``node_name`` that puts back the power limits a killed training pod left lowered.
+
+        It replays that pod's restore journals (``python -m carbonflow.energy.power_limit restore <file>``)
+        through zeusd; the journals live in the host directory ``<power_journal_host_dir>/<pod name>``.
+        """
+        from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+        from kubernetes.client import models as k8s
+
+        s = self.settings
+        journal_dir = f"{s.power_journal_host_dir.rstrip('/')}/{failed_pod_name}"
+        script = (
+            'set -e; for f in "$JOURNAL_DIR"/*.json; do [ -e "$f" ] || continue; '
+            'python -m carbonflow.energy.power_limit restore "$f"; done; rmdir "$JOURNAL_DIR" 2>/dev/null || true'
+        )
+        volumes, mounts = self._agent_volumes()
+        name = dns_name("cf-restore", failed_pod_name[-40:], uuid.uuid4().hex[:5], max_length=63)
+        operator = KubernetesPodOperator(
+            task_id=f"carbonflow_{name.replace('-', '_')}",
+            name=name,
+            namespace=s.namespace,
+            image=spec.image or s.image,
+            image_pull_policy=s.image_pull_policy,
+            cmds=["sh", "-c", script],
+            env_vars=[
+                k8s.V1EnvVar(name="JOURNAL_DIR", value=journal_dir),
+                k8s.V1EnvVar(name="ZEUSD_SOCK_PATH", value=s.zeusd_socket_path),
+                k8s.V1EnvVar(name="NVIDIA_VISIBLE_DEVICES", value="all"),
+                k8s.V1EnvVar(name="NVIDIA_DRIVER_CAPABILITIES", value="utility"),
+            ],
+            labels={LABEL_APP: "carbonflow", LABEL_RUN: name, "carbonflow.io/restores": failed_pod_name[:63]},
+            container_resources=k8s.V1ResourceRequirements(requests={"cpu": "100m", "memory": "256Mi"}),
+            tolerations=[k8s.V1Toleration(**_snake(t)) for t in s.tolerations] or None,
+            runtime_class_name=s.restore_runtime_class,
+            volumes=volumes,
+            volume_mounts=mounts,
+            service_account_name=s.service_account_name,
+            container_security_context=k8s.V1SecurityContext(privileged=False, allow_privilege_escalation=False),
+            termination_message_policy="FallbackToLogsOnError",
+            random_name_suffix=False,
+            do_xcom_push=False,
+            in_cluster=False,
+            config_file=self.config_file or _offline_kubeconfig(),
+            cluster_context=self.cluster_context,
+        )
+        pod = operator.build_pod_request_obj(dry_run=True)
+        pod.spec.node_name = node_name  # bypass the scheduler: it must run where the GPUs are
+        return pod
 
     def _pod_operator(self, spec: JobSpec, plan: Plan, name: str, labels: dict[str, str], args: list[str]) -> Any:
         from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
@@ -405,6 +477,15 @@ class ManifestBuilder:
             ttl_seconds_after_finished=self.settings.ttl_seconds_after_finished,
             **kwargs,
         )
+
+
+def _pod_name_env() -> Any:
+    """``POD_NAME`` from the downward API (first in the list so that later values can use ``$(POD_NAME)``)."""
+    from kubernetes.client import models as k8s
+
+    return k8s.V1EnvVar(
+        name="POD_NAME", value_from=k8s.V1EnvVarSource(field_ref=k8s.V1ObjectFieldSelector(field_path="metadata.name"))
+    )
 
 
 def _snake(mapping: dict[str, Any]) -> dict[str, Any]:

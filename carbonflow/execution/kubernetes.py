@@ -12,7 +12,10 @@ measurements, a :class:`~carbonflow.execution.wrapper.WrappedRun`) and ``.run(sp
    /dev/termination-log``), falling back to a ``CARBONFLOW_RESULT {json}`` line of the pod log, and merges
    the ranks (devices keyed by node; a device two ranks on one node both measured is counted once);
 5. deletes everything it created, whatever happened (``finally``), with a grace period so that the
-   wrapper's SIGTERM handler restores power limits through zeusd.
+   wrapper's SIGTERM handler restores power limits through zeusd;
+6. after a failed or killed run that lowered power limits, starts a restore pod pinned to each node a
+   training pod ran on, which replays that pod's restore journals (kept in a host directory) through
+   zeusd, so a SIGKILL or OOM kill never leaves a GPU at a lowered limit.
 
 Only the kubernetes python client talks to the cluster; the API calls used are: create/read/delete
 namespaced config map, pod, service and job, list namespaced pod (label selector), read pod log.
@@ -161,6 +164,7 @@ class KubernetesBackend:
         startup_timeout_s: float = 900.0,
         run_timeout_s: float | None = None,
         delete_grace_period_s: int = 60,
+        restore_timeout_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if poll_interval_s <= 0:
@@ -175,6 +179,8 @@ class KubernetesBackend:
         self.startup_timeout_s = startup_timeout_s
         self.run_timeout_s = run_timeout_s
         self.delete_grace_period_s = delete_grace_period_s
+        self.restore_timeout_s = restore_timeout_s
+        self._nodes: dict[str, str] = {}
         self._clock = clock
         self._stop = threading.Event()
         self._current: KubernetesManifests | None = None
@@ -228,6 +234,7 @@ class KubernetesBackend:
         deadline_s = timeout_s if timeout_s is not None else self.run_timeout_s
         self._current = manifests
         self._stop.clear()
+        self._nodes = {}
         created: list[tuple[str, str]] = []
         try:
             self._create(manifests, created)
@@ -236,9 +243,78 @@ class KubernetesBackend:
             else:
                 pods = [self._wait_pod(manifests.namespace, manifests.pod.metadata.name, deadline_s)]
             return self._collect(manifests, pods)
+        except BaseException as exc:
+            self._delete(manifests, created)
+            created = []
+            if self._lowers_power(spec, plan):
+                problems = self._restore_power_limits(spec, manifests.namespace)
+                for problem in problems:
+                    exc.add_note(problem)
+            raise
         finally:
             self._delete(manifests, created)
             self._current = None
+
+    def _lowers_power(self, spec: JobSpec, plan: Plan) -> bool:
+        from carbonflow.execution.k8s_manifests import uses_gpu
+
+        return self.settings.power_agent == "zeusd" and uses_gpu(spec) and plan.config.power_limit_w is not None
+
+    def _restore_power_limits(self, spec: JobSpec, namespace: str) -> list[str]:
+        """After a failed or killed run: on every node a training pod ran on, replay its restore journals.
+
+        The wrapper restores limits itself on every exit it lives through (including SIGTERM); this covers the
+        ones it does not (SIGKILL after the grace period, OOM kill, node agent restarts). A pod with no journal
+        left is a no-op. Returns the problems (also logged CRITICAL), empty when every restore succeeded.
+        """
+        from kubernetes.client.exceptions import ApiException
+
+        problems: list[str] = []
+        self._wait_gone(namespace, list(self._nodes))
+        for pod_name, node in sorted(self._nodes.items()):
+            restore = self.builder.restore_pod(spec, pod_name, node)
+            validate_manifest(restore)
+            name = restore.metadata.name
+            try:
+                self.core.create_namespaced_pod(namespace, restore)
+                try:
+                    done = self._wait_pod(namespace, name, self.restore_timeout_s, honour_stop=False)
+                    terminated = self._termination(done)
+                    if done.status.phase != "Succeeded":
+                        code = terminated.exit_code if terminated else None
+                        problems.append(
+                            f"power-limit restore for {pod_name} on {node} failed (exit {code}): "
+                            f"{self._log_tail(done, 20)}"
+                        )
+                    else:
+                        log.info("power limits on %s checked/restored after %s", node, pod_name)
+                finally:
+                    try:
+                        self.core.delete_namespaced_pod(name, namespace)
+                    except ApiException as exc:
+                        if exc.status != 404:
+                            log.warning("could not delete restore pod %s: %s", name, exc.reason)
+            except (ApiException, KubernetesRunError) as exc:
+                problems.append(f"power-limit restore for {pod_name} on {node} could not run: {exc}")
+        for problem in problems:
+            log.critical("%s; GPU power limits on that node may still be lowered", problem)
+        return problems
+
+    def _wait_gone(self, namespace: str, pod_names: list[str]) -> None:
+        """Wait (up to the deletion grace period + 30 s) until deleted training pods are gone: a wrapper still
+        handling SIGTERM restores limits itself and must finish before its journals are replayed."""
+        from kubernetes.client.exceptions import ApiException
+
+        deadline = self._clock() + self.delete_grace_period_s + 30
+        for name in pod_names:
+            while self._clock() < deadline:
+                try:
+                    self.core.read_namespaced_pod(name, namespace)
+                except ApiException as exc:
+                    if exc.status == 404:
+                        break
+                    raise
+                time.sleep(self.poll_interval_s)
 
     def kill(self) -> None:
         """``LocalBackend.kill`` counterpart (Airflow ``on_kill``)."""
@@ -249,6 +325,7 @@ class KubernetesBackend:
         self._stop.set()
         manifests = self._current
         if manifests is not None:
+            self._note_nodes_now(manifests)
             kinds = [("Job", manifests.job.metadata.name)] if manifests.job is not None else []
             if manifests.pod is not None:
                 kinds.append(("Pod", manifests.pod.metadata.name))
@@ -303,9 +380,11 @@ class KubernetesBackend:
                 if exc.status != 404:
                     log.warning("could not delete %s %s/%s: %s", kind, ns, name, exc.reason)
 
-    def _deadline_check(self, started: float, phase: str | None, what: str, run_timeout_s: float | None) -> None:
+    def _deadline_check(
+        self, started: float, phase: str | None, what: str, run_timeout_s: float | None, honour_stop: bool = True
+    ) -> None:
         elapsed = self._clock() - started
-        if self._stop.is_set():
+        if honour_stop and self._stop.is_set():
             raise KubernetesRunError(f"{what}: stopped (on_kill) after {elapsed:.0f} s")
         if phase in (None, "Pending") and elapsed > self.startup_timeout_s:
             raise KubernetesRunError(
@@ -334,18 +413,38 @@ class KubernetesBackend:
             why = "stopped (on_kill)" if self._stop.is_set() else "deleted while running (evicted or removed)"
             raise KubernetesRunError(f"{kind} {namespace}/{name}: {why}") from None
 
-    def _wait_pod(self, namespace: str, name: str, run_timeout_s: float | None) -> Any:
+    def _wait_pod(self, namespace: str, name: str, run_timeout_s: float | None, honour_stop: bool = True) -> Any:
         started = self._clock()
         while True:
             pod = self._read_or_gone(self.core.read_namespaced_pod, "Pod", name, namespace)
+            self._note_node(pod)
             phase = pod.status.phase if pod.status else None
             if phase in ("Succeeded", "Failed"):
                 return pod
             fatal = self._fatal_waiting(pod)
             if fatal:
                 raise KubernetesRunError(f"Pod {namespace}/{name} cannot start: {fatal}")
-            self._deadline_check(started, phase, f"Pod {namespace}/{name}", run_timeout_s)
-            self._stop.wait(self.poll_interval_s)
+            self._deadline_check(started, phase, f"Pod {namespace}/{name}", run_timeout_s, honour_stop)
+            if honour_stop:
+                self._stop.wait(self.poll_interval_s)
+            else:
+                time.sleep(self.poll_interval_s)
+
+    def _note_nodes_now(self, manifests: KubernetesManifests) -> None:
+        """Read where the run's pods are before deleting them (a pod deleted unseen still gets its restore)."""
+        try:
+            selector = f"{LABEL_RUN}={manifests.name}"
+            for pod in self.core.list_namespaced_pod(manifests.namespace, label_selector=selector).items:
+                self._note_node(pod)
+        except Exception as exc:  # best effort: the deletion below matters more
+            log.warning("could not list the pods of %s before stopping it: %s", manifests.name, exc)
+
+    def _note_node(self, pod: Any) -> None:
+        """Remember where each training pod ran (for the power-limit restore after a failure)."""
+        node = pod.spec.node_name if pod.spec else None
+        labels = pod.metadata.labels or {}
+        if node and "carbonflow.io/restores" not in labels:
+            self._nodes[pod.metadata.name] = node
 
     def _wait_job(self, manifests: KubernetesManifests, run_timeout_s: float | None) -> list[Any]:
         ns, name = manifests.namespace, manifests.job.metadata.name
@@ -356,6 +455,8 @@ class KubernetesBackend:
             status = job.status
             conditions = {c.type: c.status for c in (status.conditions or [])} if status else {}
             pods = self.core.list_namespaced_pod(ns, label_selector=f"{LABEL_RUN}={manifests.name}").items
+            for pod in pods:
+                self._note_node(pod)
             done = (status and (status.succeeded or 0) >= completions) or conditions.get("Complete") == "True"
             failed = conditions.get("Failed") == "True"
             if done or failed:

@@ -82,6 +82,9 @@ class FakeKubeApi:
                  node_for: Callable[[dict[str, Any]], str] | None = None) -> None:
         self.behaviour = behaviour or (lambda view: ContainerOutcome())
         self.node_for = node_for or (lambda pod: "gpu-node-a")  # the scheduler's choice
+        # Restore pods (label carbonflow.io/restores) run this instead; every one is recorded in ``restores``.
+        self.restore_behaviour: Behaviour = lambda view: ContainerOutcome(log="restored\n", pending_reads=0)
+        self.restores: list[ContainerView] = []
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, ns, name) → object
         self.requests: list[tuple[str, str]] = []  # (method, path) in order
         self.deleted: list[tuple[str, str, str, dict[str, Any]]] = []  # kind, ns, name, delete options
@@ -269,9 +272,13 @@ class FakeKubeApi:
             view = self._view(pod)
             if view is None:  # FailedMount: stays ContainerCreating
                 return
-            pod["spec"]["nodeName"] = self.node_for(pod)
+            pod["spec"].setdefault("nodeName", self.node_for(pod))  # pods with spec.nodeName skip the scheduler
             view.pod["spec"]["nodeName"] = pod["spec"]["nodeName"]
-            self.outcomes[name] = self.behaviour(view)
+            if "carbonflow.io/restores" in (pod["metadata"].get("labels") or {}):
+                self.restores.append(view)
+                self.outcomes[name] = self.restore_behaviour(view)
+            else:
+                self.outcomes[name] = self.behaviour(view)
         outcome = self.outcomes[name]
         self.reads[name] += 1
         n = self.reads[name]

@@ -169,6 +169,35 @@ def test_failed_container_without_result_raises_with_log_tail_and_cleans_up(tmp_
         with pytest.raises(KubernetesRunError, match=r"(?s)exit_code=137.*Killed: out of memory"):
             backend_for_path(api, tmp_path).execute(make_spec(), make_plan(1))
         assert api.objects == {}
+        # the killed wrapper could not restore: a restore pod ran on that node, on that pod's journals
+        (restore,) = api.restores
+        (training,) = [name for kind, _, name, _ in api.deleted if kind == "Pod" and name.startswith("cf-resnet")]
+        assert restore.pod["spec"]["nodeName"] == "gpu-node-a"
+        assert restore.env["JOURNAL_DIR"] == f"/var/lib/carbonflow/power-journal/{training}"
+        assert restore.env["ZEUSD_SOCK_PATH"] == "/var/run/zeusd/zeusd.sock"
+        assert "python -m carbonflow.energy.power_limit restore" in restore.command[-1]
+        assert restore.files["/var/lib/carbonflow/power-journal"] == "<hostPath /var/lib/carbonflow/power-journal>"
+        assert "nvidia.com/gpu" not in str(restore.pod["spec"]["containers"][0].get("resources"))
+
+
+def test_training_pod_keeps_its_power_journal_on_the_host(kube):
+    backend_for(kube).execute(make_spec(), make_plan(1))
+    (view,) = kube.seen
+    pod_name = view.pod["metadata"]["name"]
+    assert view.env["POD_NAME"] == pod_name
+    assert view.env["CARBONFLOW_POWER_JOURNAL_DIR"] == f"/var/lib/carbonflow/power-journal/{pod_name}"
+    assert kube.restores == []  # a run that ended normally needs no restore pod
+
+
+def test_a_failed_restore_is_reported_on_the_error(tmp_path):
+    with FakeKubeApi(lambda v: ContainerOutcome(exit_code=137, log="Killed\n")) as api:
+        api.restore_behaviour = lambda view: ContainerOutcome(exit_code=1, log="zeusd: connection refused\n")
+        with pytest.raises(KubernetesRunError) as err:
+            backend_for_path(api, tmp_path).execute(make_spec(), make_plan(2))
+        notes = "\n".join(getattr(err.value, "__notes__", []))
+        assert notes.count("power-limit restore for job-cf-resnet-nightly-") == 2  # one per rank's pod
+        assert "zeusd: connection refused" in notes
+        assert api.objects == {}
 
 
 def test_failed_exit_code_is_kept_when_the_wrapper_wrote_a_result(tmp_path):
@@ -209,13 +238,14 @@ def test_stop_deletes_the_running_pod(tmp_path):
 
         thread = threading.Thread(target=run)
         thread.start()
-        while not api.live("Pod"):
+        while not any(p["status"]["phase"] == "Running" for p in api.live("Pod")):  # scheduled and started
             threading.Event().wait(0.01)
         backend.kill()
         thread.join(10)
         assert not thread.is_alive()
         assert errors and "stopped (on_kill)" in str(errors[0])
         assert api.objects == {}
+        assert len(api.restores) == 1  # killed while running: its journals were replayed on its node
 
 
 def test_fake_api_rejects_invalid_objects_like_a_server(kube):

@@ -72,7 +72,9 @@ def test_single_container_is_a_valid_pod_with_gpu_and_zeusd(builder):
     assert env["ZEUSD_SOCK_PATH"] == "/var/run/zeusd/zeusd.sock"
     assert env["CARBONFLOW_POWER_AGENT"] == "zeusd"
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert host_paths == {"zeusd-socket": "/var/run/zeusd"}
+    assert host_paths == {"zeusd-socket": "/var/run/zeusd", "power-journal": "/var/lib/carbonflow/power-journal"}
+    assert env["CARBONFLOW_POWER_JOURNAL_DIR"] == "/var/lib/carbonflow/power-journal/$(POD_NAME)"
+    assert c["env"][0] == {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["zeusd-socket"]["mountPath"] == "/var/run/zeusd"
     assert mounts["carbonflow-config"]["readOnly"] is True
