@@ -98,7 +98,7 @@ def one_job(forecast: Forecast, repeats: int) -> dict[str, float]:
     spec = JobSpec(
         name="one",
         workload="w",
-        epochs=20,
+        epochs=1000,
         region="GB",
         finish_by=NOW + timedelta(hours=36),
         max_containers=4,
@@ -135,7 +135,7 @@ def night(forecast: Forecast, repeats: int) -> dict[str, float]:
             JobSpec(
                 name=name,
                 workload="w",
-                epochs=2 + j % 5,
+                epochs=100 + 50 * (j % 5),
                 region="GB",
                 finish_by=NOW + timedelta(hours=12),
                 max_slowdown=0.1 + 0.3 * (j % 3),
