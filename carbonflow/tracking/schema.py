@@ -153,7 +153,7 @@ SCHEMA: tuple[SchemaEntry, ...] = (
     # params
     SchemaEntry(P_CONTAINERS, "param", "training, profile-point", "training containers (processes / pods)"),
     SchemaEntry(P_POWER_LIMIT_W, "param", "training, profile-point", "GPU power limit (W), `default` if unchanged"),
-    SchemaEntry(P_BATCH_SIZE, "param", "training, profile-point", "batch size, `default` if the job's own"),
+    SchemaEntry(P_BATCH_SIZE, "param", "training, profile-point", "batch size, `default (N)` when the job's own N"),
     SchemaEntry(P_PLANNED_START, "param", "training", "start chosen by the planner (UTC ISO 8601)"),
     SchemaEntry(P_ACTUAL_START, "param", "training", "when training really started (UTC ISO 8601)"),
     SchemaEntry(P_FINISH_BY, "param", "training", "the job's deadline (UTC ISO 8601) or `none`"),
@@ -194,7 +194,12 @@ SCHEMA: tuple[SchemaEntry, ...] = (
     SchemaEntry(A_PLAN, "artifact", "training", "the Plan (configuration, start, predictions, alternatives)"),
     SchemaEntry(A_RESULT, "artifact", "training", "the RunResult (per-device energy and labels, notes)"),
     SchemaEntry(A_POWER_TRACE, "artifact", "training", "power samples over the run (CSV)"),
-    SchemaEntry(A_PARETO_PNG, "artifact", "training, profile", "configurations: energy vs time, colour = carbon"),
+    SchemaEntry(
+        A_PARETO_PNG,
+        "artifact",
+        "training, profile",
+        "configurations: energy vs time, Pareto front, chosen one ringed; colour = predicted g CO2e (profile: W)",
+    ),
     SchemaEntry(A_FORECAST_PNG, "artifact", "training", "forecast intensity with planned and actual windows"),
     SchemaEntry(A_FORECAST, "artifact", "training", "the Forecast used (provider, signal kind, points)"),
     SchemaEntry(A_PROFILE, "artifact", "profile", "the Profile (one point per configuration)"),
@@ -257,8 +262,12 @@ TRAINING_REQUIRED_TAGS: tuple[str, ...] = (
 )
 
 
+README_START = "<!-- carbonflow-schema:start -->"
+README_END = "<!-- carbonflow-schema:end -->"
+
+
 def schema_markdown() -> str:
-    """The README's schema section body, rendered from :data:`SCHEMA`."""
+    """The README's schema section body, rendered from :data:`SCHEMA` (between README_START and README_END)."""
     lines = [
         f"An experiment per job, `{EXPERIMENT_PREFIX}<job>`; a run per training (`{T_KIND}=training`); a run per",
         "profiling session (`profile`) with a nested run per profiled configuration (`profile-point`); trained",

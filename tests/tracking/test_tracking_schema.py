@@ -115,3 +115,14 @@ def test_server_reachable_reports_a_closed_port() -> None:
     ok, why = server_reachable(f"http://127.0.0.1:{port}", timeout_s=1)
     assert not ok and str(port) in why
     assert server_reachable("sqlite:///x.db") == (True, "local store")
+
+
+def test_readme_schema_section_is_generated_from_the_code() -> None:
+    readme = Path(__file__).resolve().parents[2] / "README.md"
+    text = readme.read_text() if readme.is_file() else ""
+    if schema.README_START not in text:
+        pytest.skip(f"README.md has no {schema.README_START} section yet")
+    body = text.split(schema.README_START, 1)[1].split(schema.README_END, 1)[0]
+    assert body.strip() == schema.schema_markdown().strip(), (
+        "README schema section is stale: paste `python -m carbonflow.tracking.schema` between the markers"
+    )
