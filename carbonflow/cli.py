@@ -1,6 +1,7 @@
 """``carbonflow`` command line.
 
 - ``carbonflow run --job J --plan P --result R -- <command>``: the training wrapper.
+- ``carbonflow profile JOB.json``: profile a job under candidate configurations.
 - ``carbonflow demo``: the embedded end-to-end demo (nightly_retrain through Airflow).
 - ``carbonflow report JOB``: compare a job's runs from MLflow (table + PNG).
 - ``carbonflow spool replay``: push runs spooled during a tracking outage to MLflow.
@@ -42,6 +43,44 @@ def run(
         warmup_steps=warmup_steps, output_dir=output_dir,
     )  # fmt: skip
     raise typer.Exit(code)
+
+
+@app.command()
+def profile(
+    job: Annotated[Path, typer.Argument(help="JobSpec JSON file", exists=True, dir_okay=False)],
+    out: Annotated[Path, typer.Option(help="where to write the Profile JSON")] = Path("profile.json"),
+    step_w: Annotated[float, typer.Option(help="power-limit step of the sweep (W)", min=1)] = 25.0,
+    workdir: Annotated[Path, typer.Option(help="where runs keep their files")] = Path(".carbonflow/runs/cli"),
+) -> None:
+    """Profile a job under candidate configurations (power limits × containers), with a progress bar."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from carbonflow.energy.discovery import discover_devices
+    from carbonflow.execution.commands import samples_per_epoch
+    from carbonflow.execution.local import LocalBackend
+    from carbonflow.models import JobSpec
+    from carbonflow.profiling.profiler import profile_job
+
+    spec = JobSpec.model_validate_json(job.read_text(encoding="utf-8"))
+    devices = discover_devices(spec.simulated_gpu, include_cpu=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns) as progress:
+        task = progress.add_task(f"profiling {spec.name}", total=None)
+
+        def advance(key: str, done: int, planned: int) -> None:
+            progress.update(task, completed=done, total=max(planned, done), description=f"profiled {key}")
+
+        result = profile_job(
+            spec, LocalBackend(workdir / spec.name), devices, samples_per_epoch=samples_per_epoch(spec),
+            step_w=step_w, on_progress=advance,
+        )  # fmt: skip
+    out.write_text(result.model_dump_json(indent=2), encoding="utf-8")
+    for point in result.points:
+        typer.echo(
+            f"{point.config.key():>16}: {point.throughput_samples_per_s:9.1f} samples/s  "
+            f"{point.energy_per_sample_j:.4f} J/sample ({point.label})"
+        )
+    typer.echo(f"profile written to {out}")
 
 
 @app.command()

@@ -226,10 +226,9 @@ class CarbonAwareTrainingOperator(BaseOperator):
                 )
                 self.defer(
                     trigger=CarbonWindowTrigger(
-                        wake.isoformat(), clock.offset_s, speedup, reason=f"start of {plan.job}"
+                        wake.isoformat(), clock.offset_s, speedup, reason=f"start of {plan.job}", state=state
                     ),
                     method_name="execute_complete",
-                    kwargs={"state": state},
                 )
             import time as _time
 
