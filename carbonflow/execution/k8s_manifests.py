@@ -20,6 +20,7 @@ resource (``nvidia.com/gpu.shared`` by default, see ``deploy/k8s/nvidia-time-sli
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 import uuid
@@ -40,6 +41,7 @@ ANNOTATION_REASON = "carbonflow.io/plan-reason"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 CONTAINER_NAME = "base"  # the provider's base container name; results are read from it
 KUBERNETES_SCHEMA_VERSION = "1.37.0"
+SETTINGS_ENV = "CARBONFLOW_K8S_SETTINGS"
 _DNS_LABEL_RE = re.compile(r"[^a-z0-9-]+")
 
 
@@ -88,6 +90,17 @@ class KubernetesSettings(BaseModel):
     active_deadline_s: int | None = Field(default=None, gt=0)
     ttl_seconds_after_finished: int | None = Field(default=3600, ge=0)
     extra_env: dict[str, str] = Field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls) -> KubernetesSettings:
+        """Settings from ``$CARBONFLOW_K8S_SETTINGS`` (a JSON object of these fields), defaults otherwise."""
+        raw = os.environ.get(SETTINGS_ENV)
+        if not raw:
+            return cls()
+        try:
+            return cls.model_validate_json(raw)
+        except ValueError as exc:
+            raise ValueError(f"{SETTINGS_ENV} is not valid KubernetesSettings JSON: {exc}") from None
 
     @field_validator("namespace")
     @classmethod

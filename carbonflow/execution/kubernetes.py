@@ -186,6 +186,23 @@ class KubernetesBackend:
         self._current: KubernetesManifests | None = None
         self.builder = ManifestBuilder(self.settings, config_file=config_file, cluster_context=context)
 
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> KubernetesBackend:
+        """A backend configured from the environment, as an Airflow worker has it:
+        ``$CARBONFLOW_K8S_SETTINGS`` (JSON :class:`KubernetesSettings`), in-cluster credentials when running in a
+        pod (``$KUBERNETES_SERVICE_HOST``), else ``$KUBECONFIG`` / ``~/.kube/config`` and ``$CARBONFLOW_K8S_CONTEXT``.
+        """
+        import os
+
+        in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not os.environ.get("KUBECONFIG")
+        return cls(
+            KubernetesSettings.from_env(),
+            config_file=None if in_cluster else os.environ.get("KUBECONFIG"),
+            context=os.environ.get("CARBONFLOW_K8S_CONTEXT"),
+            in_cluster=in_cluster,
+            **kwargs,
+        )
+
     # -- public ---------------------------------------------------------------------------------------------------
 
     def build(

@@ -272,3 +272,16 @@ def test_profile_mode_passes_the_step_budget_to_the_wrapper(kube):
     backend_for(kube).execute(make_spec(), make_plan(1), profile_steps=30, warmup_steps=5)
     args = kube.seen[0].args
     assert args[args.index("--profile-steps") + 1] == "30" and args[args.index("--warmup-steps") + 1] == "5"
+
+
+def test_backend_from_env_reads_settings_and_kubeconfig(kube, monkeypatch):
+    monkeypatch.setenv("CARBONFLOW_K8S_SETTINGS", '{"namespace": "ml", "image": "reg/cf:1"}')
+    monkeypatch.setenv("KUBECONFIG", str(kube.kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    backend = KubernetesBackend.from_env(poll_interval_s=0.01)
+    assert backend.settings.namespace == "ml" and backend.settings.image == "reg/cf:1"
+    backend.execute(make_spec(), make_plan(1))
+    assert kube.seen[0].pod["spec"]["containers"][0]["image"] == "reg/cf:1"
+    monkeypatch.setenv("CARBONFLOW_K8S_SETTINGS", '{"namespace": "Not_Valid"}')
+    with pytest.raises(ValueError, match="CARBONFLOW_K8S_SETTINGS is not valid"):
+        KubernetesBackend.from_env()
