@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Callable
 from datetime import datetime
 from importlib import metadata
 from pathlib import Path
@@ -58,6 +59,17 @@ def _device_model(result: RunResult, profile: Profile | None) -> str:
             model = f"{model} (simulated)"
         return model
     return profile.device_model if profile is not None else "unknown"
+
+
+def _plot(problems: list[str], name: str, draw: Callable[[], object]) -> bool:
+    """Draw one plot; a plotting failure is noted on the run instead of losing the run's numbers."""
+    try:
+        draw()
+    except Exception as exc:
+        log.exception("could not draw %s", name)
+        problems.append(f"{name} not drawn: {type(exc).__name__}: {exc}")
+        return False
+    return True
 
 
 def _check_same_job(spec: JobSpec, plan: Plan, result: RunResult) -> None:
@@ -201,16 +213,21 @@ def training_record(
         trace = workdir / schema.A_POWER_TRACE
         trace.write_bytes(Path(power_trace_csv).read_bytes())
         artifacts.append(ArtifactFile(file=str(trace)))
+    problems: list[str] = []
     if plan.alternatives or (profile is not None and profile.points):
-        pareto_plot(workdir / schema.A_PARETO_PNG, plan=plan, profile=profile)
-        artifacts.append(ArtifactFile(file=str(workdir / schema.A_PARETO_PNG)))
+        pareto = workdir / schema.A_PARETO_PNG
+        if _plot(problems, schema.A_PARETO_PNG, lambda: pareto_plot(pareto, plan=plan, profile=profile)):
+            artifacts.append(ArtifactFile(file=str(pareto)))
     if forecast is not None:
         forecast_file = workdir / schema.A_FORECAST
         forecast_file.write_text(forecast.model_dump_json(indent=2))
-        forecast_plot(
-            workdir / schema.A_FORECAST_PNG, forecast=forecast, plan=plan, result=result, actual_points=actual_points
-        )
-        artifacts += [ArtifactFile(file=str(forecast_file)), ArtifactFile(file=str(workdir / schema.A_FORECAST_PNG))]
+        artifacts.append(ArtifactFile(file=str(forecast_file)))
+        png = workdir / schema.A_FORECAST_PNG
+        draw = lambda: forecast_plot(png, forecast=forecast, plan=plan, result=result, actual_points=actual_points)  # noqa: E731
+        if _plot(problems, schema.A_FORECAST_PNG, draw):
+            artifacts.append(ArtifactFile(file=str(png)))
+    if problems:
+        tags[schema.T_NOTE] = "\n".join([tags[schema.T_NOTE], *problems])
     if model_path is not None:
         model_path = Path(model_path)
         files = sorted(p for p in model_path.rglob("*") if p.is_file()) if model_path.is_dir() else [model_path]
@@ -282,7 +299,9 @@ def profile_record(spec: JobSpec, profile: Profile, *, workdir: Path, idempotenc
     workdir.mkdir(parents=True, exist_ok=True)
     profile_file = workdir / schema.A_PROFILE
     profile_file.write_text(profile.model_dump_json(indent=2))
-    pareto_plot(workdir / schema.A_PARETO_PNG, profile=profile)
+    problems: list[str] = []
+    pareto = workdir / schema.A_PARETO_PNG
+    plotted = _plot(problems, schema.A_PARETO_PNG, lambda: pareto_plot(pareto, profile=profile))
     start_ms = _ms(profile.measured_at)
     total_s = sum(p.duration_s for p in profile.points)
     common_tags = {
@@ -341,8 +360,13 @@ def profile_record(spec: JobSpec, profile: Profile, *, workdir: Path, idempotenc
         end_time_ms=start_ms + int(total_s * 1000),
         params=params,
         metrics={schema.M_DURATION_S: total_s},
-        tags={**common_tags, schema.T_KIND: schema.KIND_PROFILE, schema.T_MEASURED_AT: profile.measured_at.isoformat()},
-        artifacts=[ArtifactFile(file=str(profile_file)), ArtifactFile(file=str(workdir / schema.A_PARETO_PNG))],
+        tags={
+            **common_tags,
+            schema.T_KIND: schema.KIND_PROFILE,
+            schema.T_MEASURED_AT: profile.measured_at.isoformat(),
+            **({schema.T_NOTE: "\n".join(problems)} if problems else {}),
+        },
+        artifacts=[ArtifactFile(file=str(profile_file))] + ([ArtifactFile(file=str(pareto))] if plotted else []),
         children=children,
     )
 

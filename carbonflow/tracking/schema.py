@@ -185,7 +185,7 @@ SCHEMA: tuple[SchemaEntry, ...] = (
     SchemaEntry(T_POWER_LIMIT_APPLIED, "tag", "training", "`false` when the power limit could not be set"),
     SchemaEntry(T_MODEL_REGISTERED, "tag", "training", "`true` when the model met the bar and was registered"),
     SchemaEntry(T_MODEL_REGISTRY_NOTE, "tag", "training", "why the model was or was not registered"),
-    SchemaEntry(T_NOTE, "tag", "training", "MLflow's run description: plan reason, run and forecast notes"),
+    SchemaEntry(T_NOTE, "tag", "training, profile", "MLflow's run description: plan reason, run and forecast notes"),
     SchemaEntry(T_REACHED_TARGET, "tag", "training", "`true`/`false`: the job's target metric was reached"),
     SchemaEntry(T_IDEMPOTENCY_KEY, "tag", "all", "client-made key; replay from the spool never duplicates a run"),
     SchemaEntry(T_COMPLETE, "tag", "all", "`true` once every field and artifact was written"),

@@ -121,3 +121,17 @@ def test_without_a_spool_disk_the_run_is_written_directly(home: Path, tmp_path: 
     assert not outcome.spooled and outcome.run_id
     run = client_for(embedded).get_run(outcome.run_id)
     assert run.data.tags[schema.T_COMPLETE] == "true"
+
+
+def test_a_plot_failure_keeps_the_run_and_says_so(home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import carbonflow.tracking.logger as logger_module
+
+    def broken_plot(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("no fonts on this node")
+
+    monkeypatch.setattr(logger_module, "forecast_plot", broken_plot)
+    record = training_record(f.job_spec(), f.plan(), f.result(), workdir=tmp_path, forecast=f.forecast())
+    names = {Path(a.file).name for a in record.artifacts}
+    assert "forecast.png" not in names and {"forecast.json", "pareto.png", "plan.json"} <= names
+    assert "forecast.png not drawn: RuntimeError: no fonts on this node" in record.tags[schema.T_NOTE]
+    assert record.metrics["energy_total_j"] == f.result().energy_total_j
