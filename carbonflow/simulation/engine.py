@@ -106,6 +106,8 @@ class SimContext:
     cluster: ClusterSpec
     progress_s: Callable[[int, float], float] = field(default=lambda job, now_s: 0.0, repr=False)
     """Work a running job has done so far, in seconds of its trace run time (its progress reports)."""
+    queued: Callable[[], int] = field(default=lambda: 0, repr=False)
+    """Jobs waiting in the cluster queue right now (what the cluster's scheduler shows)."""
 
 
 class Policy(Protocol):
@@ -206,6 +208,7 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
         return dur[j] - (rem[j] - (t - last[j]) * rate[j]) if start[j] == start[j] else 0.0
 
     ctx.progress_s = progress_s
+    ctx.queued = lambda: len(queue)
     policy.bind(ctx)
     submit, dur, gpus, jtype = jobs.submit_s, jobs.duration_s, jobs.num_gpus, jobs.job_type
     keep = ctx.pairs.keep.tolist()

@@ -12,7 +12,9 @@
   simulator the first time the planner considers it (EaCO's experiment-based prediction); pairs that
   cannot run together are then never tried again.
 * ``carbon-shift`` — the start inside the job's finish-by window from
-  :func:`carbonflow.carbon.windows.choose_start` on the replayed forecast.
+  :func:`carbonflow.carbon.windows.choose_start` on the replayed forecast, asked only while the cluster
+  has no backlog (with a queue, a deferred job's GPUs go to a queued job that runs now instead), and
+  using at most ``shift_slack_use`` (default half) of the job's slack, the rest kept for queueing.
 * ``carbonflow`` — all three together.
 
 What a policy knows about a job before it runs is what carbonflow would know: its family's last
@@ -85,7 +87,10 @@ class PlannerPolicy(FifoPolicy):
         robust_shift: bool = True,
         history_runs: int = 5,
         decision_granularity_s: float = 300.0,
+        shift_slack_use: float = 0.5,
     ) -> None:
+        if not 0 <= shift_slack_use <= 1:
+            raise ValueError(f"shift_slack_use={shift_slack_use} is not allowed; it must be between 0 and 1")
         if history_runs < 1:
             raise ValueError(f"history_runs={history_runs} is not allowed; it must be >= 1")
         self.name = name
@@ -97,6 +102,7 @@ class PlannerPolicy(FifoPolicy):
         self.robust_shift = robust_shift
         self.history_runs = history_runs
         self.decision_granularity_s = decision_granularity_s
+        self.shift_slack_use = shift_slack_use
 
     def bind(self, ctx: SimContext) -> None:
         super().bind(ctx)
@@ -170,7 +176,9 @@ class PlannerPolicy(FifoPolicy):
         return w[min(len(w) - 1, int(0.99 * len(w)))]
 
     def release_s(self, job: int, now_s: float) -> float:
-        if not self.shift:
+        if not self.shift or self.ctx.queued() > 0:
+            # with a backlog, deferring a job only hands its GPUs to a queued job that runs now instead:
+            # the cluster's work per slot is fixed by its capacity, so there is no carbon to gain
             return now_s
         pred = self._predicted_duration_s(job)
         if pred is None or pred >= FORECAST_HORIZON_S:
@@ -179,8 +187,11 @@ class PlannerPolicy(FifoPolicy):
         grid = self.ctx.grid
         t = jobs.job_type[job]
         run_s = pred * self.ctx.devices.solo(t, self.limit_by_type.get(t, self.default_limit_w))[1]
-        # leave the slowdown allowance (co-location) and the queue's recent delays before the deadline
-        finish_by_s = jobs.deadline_s[job] - pred * self.max_slowdown - self._queue_margin_s()
+        # leave the slowdown allowance (co-location), and of the remaining slack keep the larger of the
+        # queue's recent delays and (1 - shift_slack_use) of it free for queueing after the release
+        slack_s = jobs.deadline_s[job] - pred * (1 + self.max_slowdown) - now_s
+        keep_free_s = max(self._queue_margin_s(), (1 - self.shift_slack_use) * slack_s)
+        finish_by_s = jobs.deadline_s[job] - pred * self.max_slowdown - keep_free_s
         if finish_by_s - run_s <= now_s:
             return now_s
         # jobs arriving in the same grid slot with about the same run time and finish-by share one decision:
