@@ -33,7 +33,8 @@ number of recurrences is known, only if that saving over the remaining recurrenc
 one exploratory run; (4) stops an exploratory run early once it has spent ``explore_beta`` × the best mean
 cost (``beta`` for known batch sizes, as Zeus); (5) confirms a promising single observation once, then
 exploits by Gaussian Thompson sampling whose spread never falls below the run-to-run variation seen on
-well-observed batch sizes.
+well-observed batch sizes and, when the number of recurrences is known, shrinks as √(remaining / horizon)
+(information is worth less as fewer recurrences remain).
 """
 
 from __future__ import annotations
@@ -339,13 +340,15 @@ class BatchSizeExplorer:
             return min(confirm)[1]
         pool = [b for b in candidates if len(self.arms[b].costs) >= 2] or candidates
         cv = self.pooled_cv()
+        # Finite horizon: what a draw can still teach is worth less as fewer recurrences remain.
+        decay = 1.0 if self.horizon is None else math.sqrt(max(0, self.horizon - self.runs) / self.horizon)
         draws = []
         for b in pool:
             costs = self.arms[b].costs
             mean = float(np.mean(costs))
             sample_std = float(np.std(costs, ddof=1)) if len(costs) >= 2 else 0.0
             floor = max(cv, self.prior_cv) if len(costs) < 3 else cv
-            std = max(sample_std, floor * mean) / math.sqrt(len(costs))
+            std = max(sample_std, floor * mean) / math.sqrt(len(costs)) * decay
             draws.append((float(rng.normal(mean, max(std, 1e-12))), b))
         return min(draws)[1]
 
