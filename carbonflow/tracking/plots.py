@@ -73,13 +73,25 @@ def pareto_plot(path: Path, *, plan: Plan | None = None, profile: Profile | None
     scatter = ax.scatter(xs, ys, c=colours, cmap="viridis_r", s=60, edgecolors="black", linewidths=0.5)
     fig.colorbar(scatter, ax=ax, label=c_label)
     front = pareto_front(list(zip(xs, ys, strict=True)))
-    ax.plot([xs[i] for i in front], [ys[i] for i in front], "--", color="grey", label="Pareto front (time, energy)")
+    ax.plot(
+        [xs[i] for i in front],
+        [ys[i] for i in front],
+        "--s",
+        color="grey",
+        markerfacecolor="none",
+        markersize=13,
+        label="Pareto front (time, energy)",
+    )
     for i, label in enumerate(labels):
         ax.annotate(label, (xs[i], ys[i]), textcoords="offset points", xytext=(4, 4), fontsize=7)
         if label == chosen:
             ax.scatter([xs[i]], [ys[i]], s=220, facecolors="none", edgecolors="red", linewidths=2, label="chosen")
-    ax.set_xlabel(x_label)
-    ax.set_ylabel(y_label)
+    for values, set_scale in ((xs, ax.set_xscale), (ys, ax.set_yscale)):
+        positive = [v for v in values if v > 0]
+        if len(positive) == len(values) and max(positive) > 10 * min(positive):  # far outliers: log scale
+            set_scale("log")
+    ax.set_xlabel(x_label + (" (log)" if ax.get_xscale() == "log" else ""))
+    ax.set_ylabel(y_label + (" (log)" if ax.get_yscale() == "log" else ""))
     ax.set_title(title or f"configurations: energy vs time ({label_note})")
     ax.legend(loc="best", fontsize=8)
     ax.grid(alpha=0.3)
