@@ -128,13 +128,22 @@ def forecast_plot(
     if actual_points:
         axs, ays = _steps(sorted(actual_points, key=lambda p: p.start))
         ax.plot(axs, ays, color="black", linewidth=1, label="realised intensity")
-    planned_end = plan.start + timedelta(seconds=plan.predicted_duration_s)
-    ax.axvspan(plan.start, planned_end, color="tab:green", alpha=0.25, label="planned window")
+    windows = [(plan.start, plan.start + timedelta(seconds=plan.predicted_duration_s), "tab:green", "planned window")]
     if result is not None:
-        ax.axvspan(result.started_at, result.ended_at, color="tab:orange", alpha=0.35, label="actual window")
+        windows.append((result.started_at, result.ended_at, "tab:orange", "actual window"))
     if plan.baseline is not None:
-        base_end = plan.baseline.start + timedelta(seconds=plan.baseline.predicted_duration_s)
-        ax.axvspan(plan.baseline.start, base_end, color="tab:red", alpha=0.12, label="run-now baseline")
+        base = plan.baseline
+        windows.append(
+            (base.start, base.start + timedelta(seconds=base.predicted_duration_s), "tab:red", "run-now baseline")
+        )
+    times = [p.start for p in forecast.points] + [p.end for p in forecast.points] + [w[1] for w in windows]
+    min_width = (max(times) - min(times)) * 0.004  # a minutes-long run on a day-long axis stays visible
+    for start, end, colour, label in windows:
+        widened = end - start < min_width
+        ax.axvspan(
+            start, max(end, start + min_width), color=colour, alpha=0.3, label=label + (" (widened)" if widened else "")
+        )
+        ax.axvline(start, color=colour, linewidth=1.2)
     if plan.finish_by is not None:
         ax.axvline(plan.finish_by, color="tab:red", linestyle="--", label="finish by")
     ax.set_ylabel("carbon intensity (g CO2e/kWh)")
