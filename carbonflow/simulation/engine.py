@@ -250,6 +250,8 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
     carbon_int = 0.0  # Σ power · ∫intensity dt  (W · gCO2/kWh · s)
     busy = 0.0
     splits = 0
+    state_ver = 0  # bumped whenever a job finishes (GPUs freed or a shared GPU opened)
+    blocked = (-1, -1)
 
     def close(h: int, t: float) -> None:
         nonlocal energy, carbon_int, busy
@@ -343,11 +345,13 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
         set_rate(k, t, 1.0 / sd[k])
 
     def try_start(t: float) -> None:
-        nonlocal free, seq
+        nonlocal free, seq, blocked
         while queue:
             j = queue[0]
             g = gpus[j]
             if colocate and (g == 1 or share_multi):
+                if blocked == (j, state_ver):
+                    return  # nothing freed or opened since this head was last refused: same answer
                 opens = open_by.get(g)
                 candidates = {ty: host_jobs[next(iter(s))][0] for ty, s in enumerate(opens) if s} if opens else {}
                 if candidates:
@@ -357,12 +361,13 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
                         if h < 0 or len(host_jobs.get(h, ())) != 1 or host_g[h] != g:
                             raise SimulationError(f"policy {policy.name!r} chose job {k}, which runs on no open GPU")
                         if join(j, h, t):
-                            heapq.heappop(queue)
+                            heappop(queue)
                             continue
                 if free >= g:
-                    heapq.heappop(queue)
+                    heappop(queue)
                     open_host(j, t)
                     continue
+                blocked = (j, state_ver)
                 return
             if free < g:
                 return
@@ -378,7 +383,8 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
             policy.job_started(j, t, lim)
 
     def finish(j: int, t: float) -> None:
-        nonlocal free
+        nonlocal free, state_ver
+        state_ver += 1
         end[j] = t
         h = host_of[j]
         if h < 0:  # exclusive: its energy and emissions are summed, vectorised, after the run
