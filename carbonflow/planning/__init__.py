@@ -24,6 +24,7 @@ from carbonflow.planning.costs import (
     energy_gain_minus_time_loss_pct,
     objective_cost,
     pareto_front,
+    shrink_forecast,
     zeus_cost,
 )
 from carbonflow.planning.learning import BatchSizeExplorer, Correction, JobHistory, RunRecord
@@ -64,6 +65,7 @@ __all__ = [
     "predict_candidates",
     "predict_pair_slowdown",
     "separate_if_slow",
+    "shrink_forecast",
     "work_samples",
     "zeus_cost",
 ]
