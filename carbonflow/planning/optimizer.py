@@ -9,8 +9,8 @@ API others call::
              history: JobHistory | None = None, *, on_infeasible: "raise" | "fastest" = "raise",
              alternatives_per_config: int = 3, robust: bool = False) -> Plan
     choose_power_limit(power_limits_w, time_s, power_w, *, objective="energy", max_slowdown=0.10,
-                       default_power_limit_w=None, max_power_w=None, intensity_gco2_per_kwh=None) -> float
-    predict_candidates(spec, profile, history=None) -> list[Candidate]      # per-config predictions
+                       default_power_limit_w=None, max_power_w=None) -> float
+    predict_candidates(spec, profile, history=None) -> (list[Candidate], reference Candidate, Reference)
     work_samples(spec, profile, batch_size=None, history=None) -> float
 
 How a plan is made
