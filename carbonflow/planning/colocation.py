@@ -18,10 +18,12 @@ API others call::
     observed_slowdown(solo_throughput, observed_throughput) -> float
 
 Timeline of a pair started together: both run at their kept speeds until the shorter one finishes, then the
-other runs alone at full speed. With solo durations Da ≤ Db/… the first finishes at
+other runs alone at full speed. With solo durations Da, Db and kept speeds sa, sb the first finishes at
 ``t1 = min(Da/sa, Db/sb)``; the other's total is ``t1 + (D − t1·s)``; each job's slowdown is its total over
 its solo duration minus one. The device draws ``power_w`` (the pair profile) during the overlap and the
-remaining job's solo power afterwards.
+remaining job's solo power afterwards. A co-located pair runs at its reference configuration (where pair
+profiles are measured), so it competes with capped solo plans: on the nightly benchmark co-location rarely
+wins under a 10 % slowdown bound.
 """
 
 from __future__ import annotations
