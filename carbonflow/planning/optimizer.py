@@ -53,7 +53,14 @@ from typing import Literal
 import numpy as np
 
 from carbonflow.models import Config, Forecast, JobSpec, Plan, PlanAlternative, Profile, ProfilePoint, parse_objective
-from carbonflow.planning.costs import IntensityIntegral, Reference, emissions_g, objective_costs, shrink_forecast
+from carbonflow.planning.costs import (
+    IntensityIntegral,
+    Reference,
+    emissions_g,
+    objective_costs,
+    pareto_front,
+    shrink_forecast,
+)
 from carbonflow.planning.learning import BatchSizeExplorer, JobHistory
 
 _EPS = 1e-9
@@ -493,3 +500,22 @@ def choose_power_limit(
     scale = max(float(np.max(np.abs(cost))), 1e-300)
     order = np.lexsort((-pls, np.round(cost / scale, 12), ~ok))
     return float(pls[int(order[0])])
+
+
+def pareto_alternatives(plan: Plan) -> list[PlanAlternative]:
+    """The plan's choice and feasible alternatives not dominated in (duration, energy, emissions), cheapest first.
+
+    For a UI or report: the trade-offs a person could still pick instead of the planner's choice.
+    """
+    chosen = PlanAlternative(
+        config=plan.config,
+        start=plan.start,
+        predicted_duration_s=plan.predicted_duration_s,
+        predicted_energy_j=plan.predicted_energy_j,
+        predicted_emissions_g=plan.predicted_emissions_g,
+        cost=min([a.cost for a in plan.alternatives if a.feasible], default=0.0),
+        feasible=True,
+    )
+    options = [chosen, *(a for a in plan.alternatives if a.feasible)]
+    keep = pareto_front([(a.predicted_duration_s, a.predicted_energy_j, a.predicted_emissions_g) for a in options])
+    return sorted((options[i] for i in keep), key=lambda a: (a.predicted_emissions_g, a.predicted_energy_j))

@@ -265,3 +265,23 @@ def test_batch_size_is_learned_across_recurrences_from_history():
     assert choose_batch_size(spec, profile, after_two) == 64
     # Not opted in: no learned batch size.
     assert choose_batch_size(make_spec(), profile, after_two) is None
+
+
+def test_pareto_alternatives_are_non_dominated_and_include_the_choice():
+    from carbonflow.planning import pareto_alternatives
+
+    values = [300.0] * 10 + [120.0] * 30 + [300.0] * 56
+    plan = plan_job(
+        make_spec(max_containers=2, max_slowdown=0.5), make_profile(containers=(1, 2)), make_forecast(values), NOW
+    )
+    front = pareto_alternatives(plan)
+    assert any(a.config.key() == plan.config.key() and a.start == plan.start for a in front)
+    triples = [(a.predicted_duration_s, a.predicted_energy_j, a.predicted_emissions_g) for a in front]
+    for i, x in enumerate(triples):
+        for j, y in enumerate(triples):
+            if i != j:
+                assert not (
+                    all(b <= a for a, b in zip(x, y, strict=True)) and any(b < a for a, b in zip(x, y, strict=True))
+                )
+    assert front[0].predicted_emissions_g == min(t[2] for t in triples)
+    assert len(front) >= 2  # faster two-container runs trade carbon for time
