@@ -29,6 +29,12 @@ def run(
     trace_interval: Annotated[float, typer.Option(help="power trace interval (s)", min=0.01)] = 0.5,
     profile_steps: Annotated[int | None, typer.Option(help="profile mode: stop after warm-up + N steps", min=1)] = None,
     warmup_steps: Annotated[int, typer.Option(help="steps before measuring throughput", min=0)] = 0,
+    sweep_limits: Annotated[
+        str | None, typer.Option(help="profile mode: comma-separated power limits (W) to sweep, highest first")
+    ] = None,
+    stop_below: Annotated[
+        float | None, typer.Option(help="end a sweep once throughput < this fraction of the fastest", min=0, max=1)
+    ] = None,
     output_dir: Annotated[Path | None, typer.Option(help="where the training writes its outputs")] = None,
 ) -> None:
     """Run a training command under the plan's power limit, measure it, always restore the limit."""
@@ -37,10 +43,18 @@ def run(
     command = list(ctx.args)
     if not command:
         raise typer.BadParameter("give the training command after '--', e.g. -- python train.py", param_hint="command")
+    limits = None
+    if sweep_limits:
+        try:
+            limits = [float(x) for x in sweep_limits.split(",") if x.strip()]
+        except ValueError:
+            raise typer.BadParameter(
+                f"--sweep-limits={sweep_limits!r} must be comma-separated watts, e.g. 250,225,200"
+            ) from None
     code = main_from_files(
         job, plan, result, command,
         trace_csv=trace, trace_interval_s=trace_interval, profile_steps=profile_steps,
-        warmup_steps=warmup_steps, output_dir=output_dir,
+        warmup_steps=warmup_steps, sweep_limits_w=limits, stop_below_fraction=stop_below, output_dir=output_dir,
     )  # fmt: skip
     raise typer.Exit(code)
 

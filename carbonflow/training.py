@@ -9,9 +9,13 @@ Environment set by the wrapper:
 
 - ``CARBONFLOW_PROGRESS_FILE``: JSON-lines file to append reports to (no file: reports are no-ops).
 - ``CARBONFLOW_MAX_STEPS``: profile mode; :func:`should_stop` turns true after this many steps.
-- ``CARBONFLOW_SIM_SLOWDOWN``: on a simulated GPU, how much slower than at its maximum power limit the
-  emulated device runs (>= 1). Each step is stretched by sleeping so the run's wall time follows the
-  published Zeus measurements; the training itself runs for real on the CPU.
+- ``CARBONFLOW_SIM_SLOWDOWN_FILE`` (or a fixed ``CARBONFLOW_SIM_SLOWDOWN``): on a simulated GPU, how
+  much slower than at its maximum power limit the emulated device runs (>= 1); the wrapper rewrites
+  the file when it changes the limit mid-run (profiling sweeps). Each step is stretched by sleeping
+  so the run's wall time follows the published Zeus measurements; the training itself runs for real
+  on the CPU.
+- ``CARBONFLOW_STOP_FILE``: when this file exists, :func:`should_stop` is true (the wrapper ends a
+  profiling sweep early this way).
 - ``CARBONFLOW_OUTPUT_DIR``: where to save the model and other outputs.
 """
 
@@ -26,6 +30,8 @@ from typing import Any
 PROGRESS_FILE_ENV = "CARBONFLOW_PROGRESS_FILE"
 MAX_STEPS_ENV = "CARBONFLOW_MAX_STEPS"
 SIM_SLOWDOWN_ENV = "CARBONFLOW_SIM_SLOWDOWN"
+SIM_SLOWDOWN_FILE_ENV = "CARBONFLOW_SIM_SLOWDOWN_FILE"
+STOP_FILE_ENV = "CARBONFLOW_STOP_FILE"
 OUTPUT_DIR_ENV = "CARBONFLOW_OUTPUT_DIR"
 
 
@@ -34,6 +40,10 @@ class _Reporter:
         self.steps = 0
         self.last_step_end_s = time.monotonic()
         self.slowdown = max(1.0, float(os.environ.get(SIM_SLOWDOWN_ENV, "1") or 1))
+        slowdown_file = os.environ.get(SIM_SLOWDOWN_FILE_ENV)
+        self.slowdown_file = Path(slowdown_file) if slowdown_file else None
+        stop_file = os.environ.get(STOP_FILE_ENV)
+        self.stop_file = Path(stop_file) if stop_file else None
         max_steps = os.environ.get(MAX_STEPS_ENV)
         self.max_steps = int(max_steps) if max_steps else None
         path = os.environ.get(PROGRESS_FILE_ENV)
@@ -41,8 +51,17 @@ class _Reporter:
         # Only rank 0 writes in a distributed run; every rank throttles.
         self.rank = int(os.environ.get("RANK", "0"))
 
+    def _current_slowdown(self) -> float:
+        if self.slowdown_file is None:
+            return self.slowdown
+        try:
+            return max(1.0, float(self.slowdown_file.read_text(encoding="utf-8") or 1))
+        except (OSError, ValueError):
+            return self.slowdown
+
     def report(self, step: int, samples: int, metrics: dict[str, Any]) -> None:
         now = time.monotonic()
+        self.slowdown = self._current_slowdown()
         if self.slowdown > 1.0:
             step_s = now - self.last_step_end_s
             time.sleep(step_s * (self.slowdown - 1.0))
@@ -56,7 +75,9 @@ class _Reporter:
             handle.write(json.dumps(line) + "\n")
 
     def should_stop(self) -> bool:
-        return self.max_steps is not None and self.steps >= self.max_steps
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            return True
+        return self.stop_file is not None and self.stop_file.exists()
 
 
 def _floats(metrics: dict[str, Any]) -> dict[str, float]:

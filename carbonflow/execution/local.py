@@ -48,6 +48,8 @@ class LocalBackend:
         warmup_steps: int = 0,
         trace: bool = True,
         timeout_s: float | None = None,
+        sweep_limits_w: list[float] | None = None,
+        stop_below_fraction: float | None = None,
     ) -> WrappedRun:
         """Run the plan's configuration to completion (or for a step budget when profiling)."""
         run_dir = self.workdir / run_name
@@ -65,6 +67,10 @@ class LocalBackend:
             wrapper += ["--trace", str(run_dir / "power_trace.csv"), "--trace-interval", str(self.trace_interval_s)]
         if profile_steps is not None:
             wrapper += ["--profile-steps", str(profile_steps)]
+        if sweep_limits_w:
+            wrapper += ["--sweep-limits", ",".join(f"{w:g}" for w in sweep_limits_w)]
+        if stop_below_fraction is not None:
+            wrapper += ["--stop-below", f"{stop_below_fraction:g}"]
         command = training_command(spec, plan.config, python=self.python)
         log_path = run_dir / "training.log"
         with log_path.open("wb") as log_file, self._lock:

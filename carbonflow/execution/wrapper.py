@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -26,11 +27,17 @@ from carbonflow.energy.discovery import discover_devices
 from carbonflow.energy.monitor import EnergyMonitor, PowerSampler
 from carbonflow.energy.power_limit import applied_power_limit
 from carbonflow.models import DeviceEnergy, JobSpec, Plan, UtcDatetime, utcnow
-from carbonflow.training import MAX_STEPS_ENV, OUTPUT_DIR_ENV, PROGRESS_FILE_ENV, SIM_SLOWDOWN_ENV
+from carbonflow.training import (
+    MAX_STEPS_ENV,
+    OUTPUT_DIR_ENV,
+    PROGRESS_FILE_ENV,
+    SIM_SLOWDOWN_FILE_ENV,
+    STOP_FILE_ENV,
+)
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.05
+POLL_S = 0.02
 
 
 class Terminated(Exception):
@@ -39,6 +46,17 @@ class Terminated(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(f"received {signal.Signals(signum).name}")
         self.signum = signum
+
+
+class MeasuredWindow(BaseModel):
+    """One profiled power limit of a sweep: throughput from the training's timestamps, energy around them."""
+
+    power_limit_w: float | None
+    samples: int
+    window_s: float = Field(description="time between the window's first and last progress reports")
+    energy_j: dict[str, float] = Field(description="energy per device over the energy window")
+    energy_window_s: float = Field(description="length of the energy window")
+    label: str = ""
 
 
 class WrappedRun(BaseModel):
@@ -58,6 +76,7 @@ class WrappedRun(BaseModel):
     measured_samples: int = 0
     measured_energy_j: dict[str, float] = Field(default_factory=dict, description="energy per device after warm-up")
     measured_energy_window_s: float = Field(default=0.0, description="length of the window measured_energy_j covers")
+    windows: list[MeasuredWindow] = Field(default_factory=list, description="profile mode: one per power limit")
     metrics: dict[str, float] = Field(default_factory=dict)
     power_limit_applied: bool = True
     power_limit_w: float | None = None
@@ -75,10 +94,9 @@ class _Progress:
         self.step = 0
         self.samples = 0
         self.metrics: dict[str, float] = {}
-        self.first_after_warmup: tuple[float, int] | None = None
         self.last: tuple[float, int] | None = None
 
-    def poll(self, warmup_steps: int) -> None:
+    def poll(self) -> None:
         if not self.path.exists():
             return
         with self.path.open("r", encoding="utf-8") as handle:
@@ -97,10 +115,56 @@ class _Progress:
             self.step = int(line.get("step", self.step))
             self.samples = int(line.get("samples", self.samples))
             self.metrics.update({k: float(v) for k, v in (line.get("metrics") or {}).items()})
-            t_s = float(line.get("t_s", time.monotonic()))
-            if self.step >= warmup_steps and self.first_after_warmup is None:
-                self.first_after_warmup = (t_s, self.samples)
-            self.last = (t_s, self.samples)
+            self.last = (float(line.get("t_s", time.monotonic())), self.samples)
+
+
+class _Sweep:
+    """Profile mode: for each power limit, let ``warmup_steps`` pass, then measure ``profile_steps``.
+
+    The limit changes in the running training (as Zeus's JIT profiler does), so one process start
+    profiles every limit; the training learns the simulated slowdown from a file it re-reads.
+    """
+
+    def __init__(
+        self, limits_w: list[float | None], warmup_steps: int, profile_steps: int, slowest_fraction: float | None
+    ) -> None:
+        self.limits_w = limits_w
+        self.warmup_steps = warmup_steps
+        self.profile_steps = profile_steps
+        self.slowest_fraction = slowest_fraction
+        self.index = 0
+        self.phase_start_step = 0
+        self.open_at: tuple[float, int] | None = None
+        self.windows: list[MeasuredWindow] = []
+        self.done = False
+
+    @property
+    def limit_w(self) -> float | None:
+        return self.limits_w[self.index]
+
+    def warmup_for_phase(self) -> int:
+        """The first phase also warms the process up (allocator, caches, data loader): three times longer."""
+        return 3 * self.warmup_steps if self.index == 0 else self.warmup_steps
+
+    def total_steps(self) -> int:
+        """A safety cap for the training; the wrapper normally ends the sweep with the stop file first.
+
+        Each phase may overrun its marks by the steps that pass between two polls, hence the slack.
+        """
+        return len(self.limits_w) * (self.warmup_steps + self.profile_steps + 10) + 2 * self.warmup_steps
+
+
+def _apply_limit(gpus: list[Any], limit_w: float | None, slowdown_file: Path | None, notes: list[str]) -> None:
+    """Change the limit mid-run (inside applied_power_limit, which restores the original at exit)."""
+    if limit_w is not None:
+        for gpu in gpus:
+            try:
+                gpu.set_power_limit_w(limit_w)
+            except Exception as err:  # not permitted: profile at the current limit, say so
+                notes.append(f"power limit {limit_w:g} W not applied on {gpu.id}: {err}")
+    if slowdown_file is not None:
+        factor = next((g.slowdown_factor() for g in gpus if callable(getattr(g, "slowdown_factor", None))), 1.0)
+        slowdown_file.write_text(f"{factor:.6f}", encoding="utf-8")
 
 
 def run_wrapped(
@@ -113,9 +177,16 @@ def run_wrapped(
     trace_interval_s: float = 0.5,
     profile_steps: int | None = None,
     warmup_steps: int = 0,
+    sweep_limits_w: list[float] | None = None,
+    stop_below_fraction: float | None = None,
     output_dir: Path | None = None,
 ) -> WrappedRun:
-    """Run ``command`` under the plan's power limit with energy measured; never leaves a limit lowered."""
+    """Run ``command`` under the plan's power limit with energy measured; never leaves a limit lowered.
+
+    With ``profile_steps`` the run is a profile: after ``warmup_steps`` it measures ``profile_steps``
+    steps at the plan's limit, or at each of ``sweep_limits_w`` in turn (highest first), stopping the
+    sweep early once a limit's throughput falls below ``stop_below_fraction`` of the fastest.
+    """
     if not command:
         raise ValueError("command is empty; give the training command after '--'")
     found = discover_devices(spec.simulated_gpu, include_cpu=True)
@@ -123,18 +194,32 @@ def run_wrapped(
     # One GPU per container, as CUDA_VISIBLE_DEVICES would give them; only those are measured.
     gpus = all_gpus[: plan.config.containers] if len(all_gpus) > plan.config.containers else all_gpus
     devices = [*gpus, *(d for d in found if d.kind != "gpu")]
+    for gpu in all_gpus:  # a simulated GPU accrues energy only while the training runs
+        set_busy = getattr(gpu, "set_busy", None)
+        if callable(set_busy):
+            set_busy(False)
     monitor = EnergyMonitor(devices)
     workdir = Path(tempfile.mkdtemp(prefix="carbonflow-run-"))
     progress = _Progress(workdir / "progress.jsonl")
     out_dir = output_dir or workdir / "output"
     out_dir.mkdir(parents=True, exist_ok=True)
+    simulated = any(callable(getattr(g, "slowdown_factor", None)) for g in gpus)
+    slowdown_file = workdir / "sim_slowdown" if simulated else None
+    stop_file = workdir / "stop"
+    sweep: _Sweep | None = None
+    if profile_steps is not None:
+        limits: list[float | None] = list(sweep_limits_w) if sweep_limits_w else [plan.config.power_limit_w]
+        sweep = _Sweep(limits, warmup_steps, profile_steps, stop_below_fraction)
     env = dict(os.environ)
     env.update(spec.env)
     env[PROGRESS_FILE_ENV] = str(progress.path)
     env[OUTPUT_DIR_ENV] = str(out_dir)
+    env[STOP_FILE_ENV] = str(stop_file)
     env.pop(MAX_STEPS_ENV, None)
-    if profile_steps is not None:
-        env[MAX_STEPS_ENV] = str(warmup_steps + profile_steps)
+    if sweep is not None:
+        env[MAX_STEPS_ENV] = str(sweep.total_steps())
+    if slowdown_file is not None:
+        env[SIM_SLOWDOWN_FILE_ENV] = str(slowdown_file)
 
     received: list[int] = []
 
@@ -147,17 +232,11 @@ def run_wrapped(
     exit_code = -1
     notes: list[str] = []
     child: subprocess.Popen[bytes] | None = None
-    window_state = "before"  # the measured (post-warm-up) window: before → open → closed
-    target_steps = warmup_steps + profile_steps if profile_steps is not None else None
-    measured = None
+    first_limit = sweep.limit_w if sweep is not None else plan.config.power_limit_w
     try:
-        with applied_power_limit(gpus, plan.config.power_limit_w) as outcome:
+        with applied_power_limit(gpus, first_limit) as outcome:
             notes.extend(outcome.notes)
-            for gpu in gpus:
-                factor = getattr(gpu, "slowdown_factor", None)
-                if callable(factor):
-                    env[SIM_SLOWDOWN_ENV] = f"{factor():.6f}"
-                    break
+            _apply_limit(gpus, None, slowdown_file, notes)
             sampler = PowerSampler(devices, trace_interval_s, trace_csv) if trace_csv else None
             if sampler:
                 sampler.__enter__()
@@ -170,15 +249,14 @@ def run_wrapped(
                         set_busy(True)
                 while True:
                     if received:
-                        raise Terminated(received[0])
+                        notes.append(f"wrapper received {signal.Signals(received[0]).name}: training stopped")
+                        _stop_child(child)
+                        exit_code = child.returncode if child.returncode is not None else -signal.SIGTERM
+                        break
                     code = child.poll()
-                    progress.poll(warmup_steps)
-                    if progress.first_after_warmup and window_state == "before":
-                        monitor.begin_window("measured")
-                        window_state = "open"
-                    if window_state == "open" and target_steps is not None and progress.step >= target_steps:
-                        measured = monitor.end_window("measured")
-                        window_state = "closed"
+                    progress.poll()
+                    if sweep is not None and not sweep.done:
+                        _advance_sweep(sweep, progress, monitor, gpus, slowdown_file, stop_file, notes)
                     if code is not None:
                         exit_code = code
                         break
@@ -187,8 +265,8 @@ def run_wrapped(
                 if child is not None and child.poll() is None:
                     _stop_child(child)
                     exit_code = child.returncode if child.returncode is not None else -signal.SIGTERM
-                if window_state == "open":
-                    measured = monitor.end_window("measured")
+                if sweep is not None and sweep.open_at is not None:
+                    monitor.end_window("measured")
                 total = monitor.end_window("run")
                 for gpu in gpus:
                     set_busy = getattr(gpu, "set_busy", None)
@@ -196,12 +274,13 @@ def run_wrapped(
                         set_busy(False)
                 if sampler:
                     sampler.__exit__(None, None, None)
-            applied = outcome.applied
+        applied = outcome.applied
+        notes.extend(note for note in outcome.notes if note not in notes)  # restore notes come last
     finally:
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
     ended_at = utcnow()
-    progress.poll(warmup_steps)
+    progress.poll()
     if exit_code < 0:
         notes.append(f"training process ended by signal {signal.Signals(-exit_code).name}")
     from carbonflow.energy.accounting import device_energies
@@ -209,31 +288,28 @@ def run_wrapped(
     per_device = device_energies(total, devices)
     for entry in per_device:
         if entry.kind == "gpu":
-            entry.power_limit_w = plan.config.power_limit_w if applied else None
-    measured_s = measured_samples = 0.0
-    if measured is not None and progress.last and progress.first_after_warmup:
-        measured_s = max(progress.last[0] - progress.first_after_warmup[0], 0.0)
-        measured_samples = progress.last[1] - progress.first_after_warmup[1]
-    throughput = (
-        measured_samples / measured_s
-        if measured_s > 0
-        else (progress.samples / total.elapsed_s if total.elapsed_s > 0 else 0.0)
-    )
+            entry.power_limit_w = plan.config.power_limit_w if applied and sweep is None else None
+    windows = sweep.windows if sweep is not None else []
+    first = windows[0] if windows else None
+    duration_s = time.monotonic() - start_s
     wrapped = WrappedRun(
         job=spec.name,
         config_key=plan.config.key(),
         started_at=started_at,
         ended_at=ended_at,
-        duration_s=time.monotonic() - start_s,
+        duration_s=duration_s,
         exit_code=exit_code,
         devices=per_device,
         steps=progress.step,
         samples=progress.samples,
-        throughput_samples_per_s=throughput,
-        measured_window_s=measured_s,
-        measured_samples=int(measured_samples),
-        measured_energy_j=dict(measured.energy_j) if measured is not None else {},
-        measured_energy_window_s=measured.elapsed_s if measured is not None else 0.0,
+        throughput_samples_per_s=(first.samples / first.window_s)
+        if first and first.window_s > 0
+        else (progress.samples / duration_s if duration_s > 0 else 0.0),
+        measured_window_s=first.window_s if first else 0.0,
+        measured_samples=first.samples if first else 0,
+        measured_energy_j=dict(first.energy_j) if first else {},
+        measured_energy_window_s=first.energy_window_s if first else 0.0,
+        windows=windows,
         metrics=progress.metrics,
         power_limit_applied=applied,
         power_limit_w=plan.config.power_limit_w,
@@ -247,6 +323,46 @@ def run_wrapped(
     if received:
         raise Terminated(received[0])
     return wrapped
+
+
+def _advance_sweep(
+    sweep: _Sweep,
+    progress: _Progress,
+    monitor: EnergyMonitor,
+    gpus: list[Any],
+    slowdown_file: Path | None,
+    stop_file: Path,
+    notes: list[str],
+) -> None:
+    """Open, close and move on between the sweep's measured windows as the training reports steps."""
+    measure_from = sweep.phase_start_step + sweep.warmup_for_phase()
+    if sweep.open_at is None and progress.step >= measure_from and progress.last is not None:
+        monitor.begin_window("measured")
+        sweep.open_at = progress.last
+        return
+    if sweep.open_at is None or progress.step < measure_from + sweep.profile_steps or progress.last is None:
+        return
+    energy = monitor.end_window("measured")
+    (t0, s0), (t1, s1) = sweep.open_at, progress.last
+    window = MeasuredWindow(
+        power_limit_w=sweep.limit_w, samples=s1 - s0, window_s=max(t1 - t0, 0.0), energy_j=dict(energy.energy_j),
+        energy_window_s=energy.elapsed_s,
+    )  # fmt: skip
+    sweep.windows.append(window)
+    sweep.open_at = None
+    speeds = [w.samples / w.window_s for w in sweep.windows if w.window_s > 0]
+    too_slow = (
+        sweep.slowest_fraction is not None and len(speeds) > 1 and speeds[-1] < sweep.slowest_fraction * max(speeds)
+    )
+    if too_slow:
+        notes.append(f"sweep stopped after {window.power_limit_w} W: slower than allowed")
+    if too_slow or sweep.index + 1 >= len(sweep.limits_w):
+        sweep.done = True
+        stop_file.touch()  # the training's should_stop() turns true
+        return
+    sweep.index += 1
+    sweep.phase_start_step = progress.step
+    _apply_limit(gpus, sweep.limit_w, slowdown_file, notes)
 
 
 def _stop_child(child: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:

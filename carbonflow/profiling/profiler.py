@@ -1,13 +1,12 @@
 """Profile a job under candidate configurations (SCORER's "profile → estimate → configure").
 
-Each candidate runs through the same ``carbonflow run`` wrapper and backend as training, for a
-warm-up plus a measured step budget. The search is pruned like this:
-
-1. container counts ``min..max`` at the device's maximum power limit; a count whose throughput
-   *and* energy per sample are both worse than another's is dominated and dropped;
-2. power limits from the maximum down in ``step_w`` steps (Koszczał et al.'s sweep) at each
-   surviving count; the sweep stops once a limit is slower than the fastest point by more than
-   twice the job's allowed slowdown, since every lower limit is slower still.
+Each container count (``min..max``) runs once through the same ``carbonflow run`` wrapper and
+backend as training. Inside that run the wrapper sweeps the power limits from the maximum down in
+``step_w`` steps (Koszczał et al.'s sweep), changing the limit in the running training as Zeus's
+just-in-time profiler does: after each change it lets ``profile_warmup_steps`` pass, then measures
+``profile_steps`` steps. The sweep is pruned: it stops once a limit is slower than the fastest by
+more than twice the job's allowed slowdown, since every lower limit is slower still (and could
+never be chosen). One process start per container count keeps profiling cheap.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from carbonflow.energy.device import Device
-from carbonflow.execution.wrapper import WrappedRun
+from carbonflow.execution.wrapper import MeasuredWindow, WrappedRun
 from carbonflow.models import Config, JobSpec, Plan, Profile, ProfilePoint, utcnow
 
 log = logging.getLogger(__name__)
@@ -27,7 +26,16 @@ DEFAULT_STEP_W = 25.0
 
 class Executor(Protocol):
     def execute(
-        self, spec: JobSpec, plan: Plan, *, run_name: str, profile_steps: int | None, warmup_steps: int, trace: bool
+        self,
+        spec: JobSpec,
+        plan: Plan,
+        *,
+        run_name: str,
+        profile_steps: int | None,
+        warmup_steps: int,
+        trace: bool,
+        sweep_limits_w: list[float] | None,
+        stop_below_fraction: float | None,
     ) -> WrappedRun: ...
 
 
@@ -50,43 +58,23 @@ def candidate_power_limits_w(spec: JobSpec, gpu: Device | None, step_w: float = 
     return limits
 
 
-def _point(run: WrappedRun, config: Config, label: str) -> ProfilePoint:
-    if run.exit_code != 0:
-        raise RuntimeError(f"profiling run {config.key()} of {run.job} failed with exit code {run.exit_code}")
-    samples = run.measured_samples or run.samples
-    window_s = run.measured_window_s or run.duration_s
-    if samples <= 0 or window_s <= 0:
+def _point(window: MeasuredWindow, config: Config, label: str, job: str) -> ProfilePoint:
+    if window.samples <= 0 or window.window_s <= 0 or window.energy_window_s <= 0:
         raise RuntimeError(
-            f"profiling run {config.key()} of {run.job} reported no progress; does the training call "
+            f"profiling {config.key()} of {job} measured no progress; does the training call "
             "carbonflow.training.report() (or append to $CARBONFLOW_PROGRESS_FILE)?"
         )
     # Throughput from the training's own timestamps; power from the energy window around them.
-    throughput = samples / window_s
-    if run.measured_energy_j and run.measured_energy_window_s > 0:
-        power_w = {device: joules / run.measured_energy_window_s for device, joules in run.measured_energy_j.items()}
-    else:
-        power_w = {d.device_id: d.energy_j / run.duration_s for d in run.devices}
+    throughput = window.samples / window.window_s
+    power_w = {device: joules / window.energy_window_s for device, joules in window.energy_j.items()}
     return ProfilePoint(
         config=config,
         throughput_samples_per_s=throughput,
         power_per_device_w=power_w,
         energy_per_sample_j=sum(power_w.values()) / throughput,
-        duration_s=window_s,
-        samples=samples,
+        duration_s=window.window_s,
+        samples=window.samples,
         label=label,  # type: ignore[arg-type]
-    )
-
-
-def _dominated(point: ProfilePoint, others: list[ProfilePoint]) -> bool:
-    return any(
-        o is not point
-        and o.throughput_samples_per_s >= point.throughput_samples_per_s
-        and o.energy_per_sample_j <= point.energy_per_sample_j
-        and (
-            o.throughput_samples_per_s > point.throughput_samples_per_s
-            or o.energy_per_sample_j < point.energy_per_sample_j
-        )
-        for o in others
     )
 
 
@@ -104,47 +92,44 @@ def profile_job(
     gpu = gpus[0] if gpus else None
     limits = candidate_power_limits_w(spec, gpu, step_w)
     counts = list(range(spec.min_containers, spec.max_containers + 1))
-    planned = len(counts) + len(limits) - 1
+    planned = len(counts) * len(limits)
     label = (
         "simulated"
         if any(d.label == "simulated" for d in devices)
         else ("estimated" if any(d.label == "estimated" for d in devices) else "measured")
     )
     done = 0
-
-    def measure(config: Config) -> ProfilePoint:
-        nonlocal done
+    stop_below = 1 / (1 + 2 * spec.max_slowdown)
+    points: list[ProfilePoint] = []
+    for count in counts:
         plan = Plan(
-            job=spec.name, config=config, start=utcnow(), predicted_duration_s=0, predicted_energy_j=0,
-            predicted_emissions_g=0, region=spec.region, forecast_provider="none (profiling)",
-            reason=f"profiling {config.key()}",
+            job=spec.name, config=Config(containers=count, power_limit_w=limits[0]), start=utcnow(),
+            predicted_duration_s=0, predicted_energy_j=0, predicted_emissions_g=0, region=spec.region,
+            forecast_provider="none (profiling)", reason=f"profiling {count} container(s)",
         )  # fmt: skip
+        sweep = [w for w in limits if w is not None]
         run = backend.execute(
-            spec, plan, run_name=f"profile-{config.key()}", profile_steps=spec.profile_steps,
-            warmup_steps=spec.profile_warmup_steps, trace=False,
+            spec, plan, run_name=f"profile-c{count}", profile_steps=spec.profile_steps,
+            warmup_steps=spec.profile_warmup_steps, trace=False, sweep_limits_w=sweep or None,
+            stop_below_fraction=stop_below if sweep else None,
         )  # fmt: skip
-        point = _point(run, config, label)
-        done += 1
-        if on_progress:
-            on_progress(config.key(), done, planned)
-        log.info(
-            "profiled %s: %.1f samples/s, %.4f J/sample", config.key(), point.throughput_samples_per_s,
-            point.energy_per_sample_j,
-        )  # fmt: skip
-        return point
-
-    top_limit = limits[0]
-    by_count = [measure(Config(containers=c, power_limit_w=top_limit)) for c in counts]
-    survivors = [p for p in by_count if not _dominated(p, by_count)]
-    points = list(by_count)
-    fastest = max(p.throughput_samples_per_s for p in by_count)
-    for start_point in survivors:
-        for limit in limits[1:]:
-            point = measure(Config(containers=start_point.config.containers, power_limit_w=limit))
+        if run.exit_code != 0:
+            raise RuntimeError(f"profiling {count} container(s) of {spec.name} failed with exit code {run.exit_code}")
+        for window in run.windows:
+            config = Config(containers=count, power_limit_w=window.power_limit_w)
+            point = _point(window, config, label, spec.name)
             points.append(point)
-            if point.throughput_samples_per_s < fastest / (1 + 2 * spec.max_slowdown):
-                log.info("stopping the sweep at %s W: too slow for max_slowdown=%g", limit, spec.max_slowdown)
-                break
+            done += 1
+            if on_progress:
+                on_progress(config.key(), done, planned)
+            log.info(
+                "profiled %s: %.1f samples/s, %.4f J/sample", config.key(), point.throughput_samples_per_s,
+                point.energy_per_sample_j,
+            )  # fmt: skip
+        if len(run.windows) < len(limits):
+            log.info("%d container(s): sweep stopped early (slower than max_slowdown allows)", count)
+    if not points:
+        raise RuntimeError(f"profiling {spec.name} measured nothing; does the training report progress?")
     default_w = gpu.default_power_limit_w() if gpu is not None and gpu.supports_power_limit else None
     max_power_w = gpu.power_limit_constraints_w()[1] if gpu is not None and gpu.supports_power_limit else None
     return Profile(

@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    threads = max(1, (os.cpu_count() or 1) // world_size)
-    torch.set_num_threads(threads)
+    # One core per container (as a real allocation would give it); also avoids OpenMP spinning.
+    torch.set_num_threads(int(os.environ.get("CARBONFLOW_THREADS_PER_CONTAINER", "1")))
     torch.manual_seed(args.seed)
     if world_size > 1:
         dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     step = 0
     samples = 0
     stopped = False
-    for epoch in range(args.epochs):
+    # A profile's budget is in steps (the wrapper stops it); it may need more than the job's epochs.
+    epochs = 10**6 if training.profiling() else args.epochs
+    for epoch in range(epochs):
         if sampler is not None:
             sampler.set_epoch(epoch)
         model.train()

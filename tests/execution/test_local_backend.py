@@ -13,18 +13,31 @@ from carbonflow.execution.results import to_run_result
 from carbonflow.models import Config, ForecastPoint, JobSpec, Plan
 
 # A training job in "any language": it appends JSON lines to $CARBONFLOW_PROGRESS_FILE, honours
-# $CARBONFLOW_MAX_STEPS and stretches its steps by $CARBONFLOW_SIM_SLOWDOWN like carbonflow.training.
+# $CARBONFLOW_MAX_STEPS and $CARBONFLOW_STOP_FILE, and stretches its steps by the simulated GPU's
+# slowdown ($CARBONFLOW_SIM_SLOWDOWN_FILE) as carbonflow.training does.
 SCRIPT = r"""
 import json, os, sys, time
 path = os.environ["CARBONFLOW_PROGRESS_FILE"]
 max_steps = int(os.environ.get("CARBONFLOW_MAX_STEPS") or sys.argv[1])
-slowdown = float(os.environ.get("CARBONFLOW_SIM_SLOWDOWN", "1"))
-for step in range(1, max_steps + 1):
-    time.sleep(0.01 * slowdown)
+slowdown_file = os.environ.get("CARBONFLOW_SIM_SLOWDOWN_FILE")
+stop_file = os.environ.get("CARBONFLOW_STOP_FILE", "/nonexistent")
+
+def slowdown():
+    try:
+        return float(open(slowdown_file).read())
+    except (TypeError, OSError, ValueError):
+        return 1.0
+
+def write(line):
     with open(path, "a") as f:
-        f.write(json.dumps({"step": step, "samples": step * 32, "t_s": time.monotonic(), "metrics": {"loss": 1 / step}}) + "\n")
-with open(path, "a") as f:
-    f.write(json.dumps({"step": max_steps, "samples": max_steps * 32, "t_s": time.monotonic(), "metrics": {"test_accuracy": 0.97}}) + "\n")
+        f.write(json.dumps(line) + "\n")
+
+for step in range(1, max_steps + 1):
+    time.sleep(0.01 * slowdown())
+    write({"step": step, "samples": step * 32, "t_s": time.monotonic(), "metrics": {"loss": 1 / step}})
+    if os.path.exists(stop_file):
+        break
+write({"step": step, "samples": step * 32, "t_s": time.monotonic(), "metrics": {"test_accuracy": 0.97}})
 """
 
 
@@ -68,10 +81,29 @@ def test_a_run_is_measured_per_device_with_labels(job: JobSpec, tmp_path: Path) 
 def test_profile_mode_stops_at_the_budget_and_measures_after_warmup(job: JobSpec, tmp_path: Path) -> None:
     backend = LocalBackend(tmp_path / "work")
     run = backend.execute(job, _plan(job, 250.0), run_name="profile", profile_steps=20, warmup_steps=5, trace=False)
-    assert run.steps == 25
-    assert run.measured_samples == 20 * 32
-    assert run.measured_window_s > 0 and run.measured_energy_window_s > 0
-    assert run.throughput_samples_per_s > 0
+    assert len(run.windows) == 1
+    window = run.windows[0]
+    assert window.power_limit_w == 250.0
+    # The wrapper polls the progress file: a window starts and ends within a few steps of its marks.
+    assert 15 * 32 <= window.samples <= 25 * 32
+    assert window.window_s > 0 and window.energy_window_s > 0
+    assert run.steps < 60  # stopped at the budget, not the job's full work
+
+
+def test_a_sweep_profiles_every_limit_in_one_process(job: JobSpec, tmp_path: Path) -> None:
+    """The limit changes inside the running training; the simulated slowdown follows it."""
+    backend = LocalBackend(tmp_path / "work")
+    run = backend.execute(
+        job, _plan(job, 250.0), run_name="sweep", profile_steps=15, warmup_steps=2, trace=False,
+        sweep_limits_w=[250.0, 150.0, 100.0],
+    )  # fmt: skip
+    assert [w.power_limit_w for w in run.windows] == [250.0, 150.0, 100.0]
+    gpu_power = [
+        next(j for d, j in w.energy_j.items() if d.startswith("SIM-GPU")) / w.energy_window_s for w in run.windows
+    ]
+    assert gpu_power[0] > gpu_power[1] > gpu_power[2]
+    speed = [w.samples / w.window_s for w in run.windows]
+    assert speed[2] < speed[0]  # 100 W on the simulated V100 is ~1.5x slower (Zeus trace)
 
 
 def test_a_lower_simulated_limit_is_slower_and_draws_less_power(job: JobSpec, tmp_path: Path) -> None:
@@ -102,7 +134,8 @@ def test_emissions_follow_the_intensity_of_each_interval(job: JobSpec, tmp_path:
 
 
 def test_a_failing_training_reports_its_exit_code(tmp_path: Path) -> None:
-    job = JobSpec(name="broken", command=[sys.executable, "-c", "raise SystemExit(3)"], steps=1, region="GB",
-                  device_kind="cpu")  # fmt: skip
+    job = JobSpec(
+        name="broken", command=[sys.executable, "-c", "raise SystemExit(3)"], steps=1, region="GB", device_kind="cpu"
+    )
     run = LocalBackend(tmp_path / "work").execute(job, _plan(job, None), run_name="broken", trace=False)
     assert run.exit_code == 3
