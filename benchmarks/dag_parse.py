@@ -32,8 +32,19 @@ REPO = Path(__file__).resolve().parents[1]
 DAGS = REPO / "dags"
 RESULTS = REPO / "benchmarks" / "results"
 LIMIT_S = 0.5
-HEAVY = ("torch", "mlflow", "pandas", "sklearn", "scipy", "matplotlib", "codecarbon", "pynvml", "kubernetes",
-         "requests_cache", "zeus")
+HEAVY = (
+    "torch",
+    "mlflow",
+    "pandas",
+    "sklearn",
+    "scipy",
+    "matplotlib",
+    "codecarbon",
+    "pynvml",
+    "kubernetes",
+    "requests_cache",
+    "zeus",
+)
 MARKER = "CARBONFLOW_PARSE_START"
 
 # Runs in the child process: warm Airflow, patch sockets, parse one file, report JSON on stdout.
@@ -78,13 +89,20 @@ def importtime_tree(stderr: str) -> list[dict]:
             continue
         if not line.startswith("import time:"):
             continue
-        parts = line[len("import time:"):].split("|")
+        parts = line[len("import time:") :].split("|")
         if len(parts) != 3 or not parts[1].strip().isdigit():
             continue
         name_part = parts[2]
         depth = (len(name_part) - len(name_part.lstrip(" ")) - 1) // 2
-        entries.append({"module": name_part.strip(), "self_s": int(parts[0]) / 1e6,
-                        "cumulative_s": int(parts[1]) / 1e6, "depth": depth, "after_marker": after})
+        entries.append(
+            {
+                "module": name_part.strip(),
+                "self_s": int(parts[0]) / 1e6,
+                "cumulative_s": int(parts[1]) / 1e6,
+                "depth": depth,
+                "after_marker": after,
+            }
+        )
     stack: list[dict] = []  # children are printed before their parent: walk backwards
     for entry in reversed(entries):
         while stack and stack[-1]["depth"] >= entry["depth"]:
@@ -114,8 +132,14 @@ def measure(path: Path, runs: int, env: dict[str, str]) -> dict:
     carbonflow_import_s: list[float] = []
     tree: list[dict] = []
     for _ in range(runs):
-        proc = subprocess.run([sys.executable, "-X", "importtime", "-c", CHILD, str(path)], capture_output=True,
-                              text=True, timeout=300, env=env, cwd=REPO)
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", "-c", CHILD, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+            cwd=REPO,
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"parsing {path.name} crashed:\n{proc.stderr[-2000:]}")
         last = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -124,11 +148,14 @@ def measure(path: Path, runs: int, env: dict[str, str]) -> dict:
         # carbonflow's own import cost, wherever Airflow happened to trigger it (the provider entry point may
         # import carbonflow during Airflow's warm-up): self time of carbonflow modules and of the non-Airflow
         # modules they pulled in. Airflow's own modules (BaseOperator, ...) are the dag-processor's base cost.
-        carbonflow_import_s.append(sum(
-            e["self_s"] for e in tree
-            if e["module"].startswith("carbonflow")
-            or (not e["module"].startswith("airflow") and _owner(e["ancestors"]) == "carbonflow")
-        ))
+        carbonflow_import_s.append(
+            sum(
+                e["self_s"]
+                for e in tree
+                if e["module"].startswith("carbonflow")
+                or (not e["module"].startswith("airflow") and _owner(e["ancestors"]) == "carbonflow")
+            )
+        )
     # Heavy modules imported because of the DAG file or carbonflow's modules (anywhere in the process).
     heavy_paths = {}
     for e in tree:
@@ -141,8 +168,9 @@ def measure(path: Path, runs: int, env: dict[str, str]) -> dict:
         heavy_paths.setdefault(top, "imported during the parse")
     heavy = sorted(heavy_paths)
     parse_plus_import = [p + c for p, c in zip(times, carbonflow_import_s, strict=True)]
-    slowest = sorted((e for e in tree if e["after_marker"] or e["module"].startswith("carbonflow")),
-                     key=lambda e: -e["cumulative_s"])
+    slowest = sorted(
+        (e for e in tree if e["after_marker"] or e["module"].startswith("carbonflow")), key=lambda e: -e["cumulative_s"]
+    )
     return {
         "file": str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name,
         "dag_ids": last["dag_ids"],
@@ -177,9 +205,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no DAG files in {dags}", file=sys.stderr)
         return 1
     with tempfile.TemporaryDirectory(prefix="carbonflow-dagparse-") as home:
-        env = {**os.environ, "AIRFLOW_HOME": home, "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-               "AIRFLOW__CORE__DAGS_FOLDER": str(dags), "CARBONFLOW_HOME": str(Path(home) / "cf"),
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        env = {
+            **os.environ,
+            "AIRFLOW_HOME": home,
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+            "CARBONFLOW_HOME": str(Path(home) / "cf"),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        }
         started = time.perf_counter()
         rows = [measure(path, runs, env) for path in files]
         wall_s = time.perf_counter() - started
@@ -194,17 +227,23 @@ def main(argv: list[str] | None = None) -> int:
             failures.append(f"{r['file']}: network at top level: {r['network_calls']}")
         if r["import_errors"]:
             failures.append(f"{r['file']}: import errors: {r['import_errors']}")
-    print(f"{'DAG file':<30} {'DAGs':>4} {'parse s':>8} {'= DagBag':>9} {'+ import':>9} {'max s':>7} "
-          f"{'heavy imports':<16} network")
+    print(
+        f"{'DAG file':<30} {'DAGs':>4} {'parse s':>8} {'= DagBag':>9} {'+ import':>9} {'max s':>7} "
+        f"{'heavy imports':<16} network"
+    )
     for r in rows:
-        print(f"{r['file']:<30} {len(r['dag_ids']):>4} {r['parse_s_median']:>8.3f} {r['dagbag_parse_s_median']:>9.3f} "
-              f"{r['carbonflow_import_s_median']:>9.3f} {r['parse_s_max']:>7.3f} "
-              f"{(', '.join(r['heavy_imports']) or 'none'):<16} {len(r['network_calls'])}")
+        print(
+            f"{r['file']:<30} {len(r['dag_ids']):>4} {r['parse_s_median']:>8.3f} {r['dagbag_parse_s_median']:>9.3f} "
+            f"{r['carbonflow_import_s_median']:>9.3f} {r['parse_s_max']:>7.3f} "
+            f"{(', '.join(r['heavy_imports']) or 'none'):<16} {len(r['network_calls'])}"
+        )
         for top, path in r["heavy_import_paths"].items():
             print(f"    heavy: {top}: {path}")
         for imp in r["slowest_imports"][:3]:
-            print(f"    import (cumulative, incl. Airflow modules it triggered): {imp['module']:<34} "
-                  f"{imp['cumulative_s']:.3f} s")
+            print(
+                f"    import (cumulative, incl. Airflow modules it triggered): {imp['module']:<34} "
+                f"{imp['cumulative_s']:.3f} s"
+            )
     print(f"max_parse_s = {max_parse_s:.3f} (limit {LIMIT_S} s, median of {runs} fresh processes per file)")
     result = {
         "benchmark": "dag_parse",
@@ -213,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs_per_file": runs,
         "heavy_modules_checked": list(HEAVY),
         "method": "fresh process per run; Airflow imported first; parse_s = DagBag(file) time + carbonflow's "
-              "import time from python -X importtime; heavy imports attributed via the import tree; sockets patched",
+        "import time from python -X importtime; heavy imports attributed via the import tree; sockets patched",
         "python": sys.version.split()[0],
         "wall_s": wall_s,
         "files": rows,

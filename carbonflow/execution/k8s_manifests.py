@@ -388,10 +388,13 @@ class ManifestBuilder:
 
         s = self.settings
         volumes = [
-            k8s.V1Volume(name="zeusd-socket", host_path=k8s.V1HostPathVolumeSource(path=s.zeusd_host_dir,
-                                                                                   type="Directory")),
-            k8s.V1Volume(name="power-journal", host_path=k8s.V1HostPathVolumeSource(
-                path=s.power_journal_host_dir, type="DirectoryOrCreate")),
+            k8s.V1Volume(
+                name="zeusd-socket", host_path=k8s.V1HostPathVolumeSource(path=s.zeusd_host_dir, type="Directory")
+            ),
+            k8s.V1Volume(
+                name="power-journal",
+                host_path=k8s.V1HostPathVolumeSource(path=s.power_journal_host_dir, type="DirectoryOrCreate"),
+            ),
         ]
         mounts = [
             k8s.V1VolumeMount(name="zeusd-socket", mount_path=s.zeusd_mount_path),

@@ -246,8 +246,14 @@ class KubernetesBackend:
         labels the log line.
         """
         manifests = self.build(spec, plan, profile_steps=profile_steps, warmup_steps=warmup_steps)
-        log.info("%s: running %s of %s on Kubernetes as %s %s", run_name, plan.config.key(), spec.name,
-                 manifests.kind, manifests.name)
+        log.info(
+            "%s: running %s of %s on Kubernetes as %s %s",
+            run_name,
+            plan.config.key(),
+            spec.name,
+            manifests.kind,
+            manifests.name,
+        )
         deadline_s = timeout_s if timeout_s is not None else self.run_timeout_s
         self._current = manifests
         self._stop.clear()

@@ -53,11 +53,11 @@ def _runs_table(runs: list[RunRow]) -> str:
         saving_pct = None if r.saving_fraction is None else 100 * r.saving_fraction
         rows.append(
             f'<tr class="run-row" data-run-id="{escape(r.run_id)}"><td>{escape(r.job)}</td>'
-            f"<td>{r.started_at:%Y-%m-%d %H:%M}</td><td class=\"text\">{escape(r.config_key)}</td>"
+            f'<td>{r.started_at:%Y-%m-%d %H:%M}</td><td class="text">{escape(r.config_key)}</td>'
             f"<td>{_fmt(r.duration_s, '.1f')}</td><td>{_fmt(r.energy_total_kwh, '.4g')}</td>"
             f"<td>{_fmt(r.emissions_g, '.4g')}</td><td>{_fmt(r.intensity_gco2_per_kwh, '.0f')}</td>"
             f"<td>{_fmt(r.test_accuracy, '.3f')}</td><td>{_fmt(r.saving_g, '.3g')}</td>"
-            f"<td>{_fmt(saving_pct, '.1f', ' %')}</td><td class=\"text\">{_badges(r)}</td>"
+            f'<td>{_fmt(saving_pct, ".1f", " %")}</td><td class="text">{_badges(r)}</td>'
             f'<td class="text"><code>{escape(r.run_id[:8])}</code></td></tr>'
         )
     return f'<table id="runs-table">{head}{"".join(rows)}</table>'
@@ -72,7 +72,7 @@ def _upcoming_table(upcoming: list[UpcomingJob]) -> str:
         finish = p.finish_by.strftime("%Y-%m-%d %H:%M") if p.finish_by else "–"
         rows.append(
             f'<tr class="upcoming-row"><td>{escape(p.job)}</td><td>{p.start:%Y-%m-%d %H:%M}</td>'
-            f"<td>{finish}</td><td class=\"text\">{escape(p.config.key())}</td>"
+            f'<td>{finish}</td><td class="text">{escape(p.config.key())}</td>'
             f"<td>{p.predicted_energy_j / 3.6e6:.4g}</td><td>{p.predicted_emissions_g:.4g}</td>"
             f'<td class="text why">{escape(p.reason)}</td></tr>'
         )
@@ -181,8 +181,7 @@ def create_app(
         return {
             "forecast": fc.model_dump(mode="json"),
             "upcoming": [
-                {"plan": j.plan.model_dump(mode="json"), "dag_id": j.dag_id, "run_id": j.run_id,
-                 "task_id": j.task_id}
+                {"plan": j.plan.model_dump(mode="json"), "dag_id": j.dag_id, "run_id": j.run_id, "task_id": j.task_id}
                 for j in upcoming
             ],
             "generated_at": datetime.now().astimezone().isoformat(),

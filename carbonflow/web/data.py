@@ -178,8 +178,13 @@ def airflow_upcoming(limit: int = 50) -> list[UpcomingJob]:
         ).all()
         for ti in tis:
             try:
-                job = upcoming_from_state(decode_next_kwargs(ti.next_kwargs or {}), dag_id=ti.dag_id, run_id=ti.run_id,
-                                          task_id=ti.task_id, state="deferred")
+                job = upcoming_from_state(
+                    decode_next_kwargs(ti.next_kwargs or {}),
+                    dag_id=ti.dag_id,
+                    run_id=ti.run_id,
+                    task_id=ti.task_id,
+                    state="deferred",
+                )
             except Exception as exc:  # an old or foreign state shape must not break the page
                 log.warning("cannot read the plan of %s/%s/%s: %s", ti.dag_id, ti.run_id, ti.task_id, exc)
                 continue

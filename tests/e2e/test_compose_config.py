@@ -30,16 +30,27 @@ def _volumes(service: dict) -> set[tuple[str, str]]:
 
 
 def _config(*args: str) -> dict:
-    out = subprocess.run([COMPOSE, "-f", str(REPO / "docker-compose.yml"), *args, "config"], cwd=REPO,
-                         capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [COMPOSE, "-f", str(REPO / "docker-compose.yml"), *args, "config"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr
     return yaml.safe_load(out.stdout)
 
 
 def test_compose_config_is_valid():
     for args in ([], ["--profile", "gpu"]):
-        out = subprocess.run([COMPOSE, "-f", str(REPO / "docker-compose.yml"), *args, "config", "-q"], cwd=REPO,
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [COMPOSE, "-f", str(REPO / "docker-compose.yml"), *args, "config", "-q"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
 
 
@@ -47,8 +58,15 @@ def test_default_stack_services_and_wiring():
     cfg = _config()
     services = {k: v for k, v in cfg["services"].items() if not v.get("profiles")}  # the default stack
     assert {k for k, v in cfg["services"].items() if v.get("profiles") == ["gpu"]} == {"zeusd", "airflow-scheduler-gpu"}
-    assert set(services) == {"postgres", "mlflow", "airflow-init", "airflow-apiserver", "airflow-scheduler",
-                             "airflow-dag-processor", "airflow-triggerer"}
+    assert set(services) == {
+        "postgres",
+        "mlflow",
+        "airflow-init",
+        "airflow-apiserver",
+        "airflow-scheduler",
+        "airflow-dag-processor",
+        "airflow-triggerer",
+    }
     for name in ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"):
         svc = services[name]
         assert svc["build"]["dockerfile"] == "deploy/docker/Dockerfile"
@@ -79,7 +97,11 @@ def test_gpu_profile_adds_zeusd_and_a_gpu_scheduler():
 def test_dockerfile_installs_carbonflow_and_files_exist():
     dockerfile = (REPO / "deploy" / "docker" / "Dockerfile").read_text()
     assert "FROM apache/airflow:${AIRFLOW_VERSION}" in dockerfile
-    assert 'pip install' in dockerfile and '".[train]"' in dockerfile
-    for path in ("deploy/docker/mlflow.Dockerfile", "deploy/docker/zeusd.Dockerfile", "deploy/docker/postgres-init.sh",
-                 "plugins/carbonflow_plugin.py"):
+    assert "pip install" in dockerfile and '".[train]"' in dockerfile
+    for path in (
+        "deploy/docker/mlflow.Dockerfile",
+        "deploy/docker/zeusd.Dockerfile",
+        "deploy/docker/postgres-init.sh",
+        "plugins/carbonflow_plugin.py",
+    ):
         assert (REPO / path).is_file(), path

@@ -11,16 +11,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-GOOD = '''
+GOOD = """
 from datetime import datetime
 from airflow.sdk import DAG
 from airflow.providers.standard.operators.empty import EmptyOperator
 
 with DAG("light", start_date=datetime(2024, 1, 1), schedule=None):
     EmptyOperator(task_id="t")
-'''
+"""
 
-BAD = '''
+BAD = """
 import socket
 from datetime import datetime
 import pandas  # heavy at top level
@@ -34,7 +34,7 @@ except OSError:
 
 with DAG("heavy", start_date=datetime(2024, 1, 1), schedule=None):
     EmptyOperator(task_id="t")
-'''
+"""
 
 
 @pytest.mark.slow
@@ -45,8 +45,22 @@ def test_dag_parse_benchmark_flags_heavy_imports_and_network(tmp_path):
     (dags / "light.py").write_text(GOOD)
     (dags / "heavy.py").write_text(BAD)
     out = tmp_path / "dag_parse.json"
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "dag_parse.py"), "--runs", "1", "--dags",
-                           str(dags), "--out", str(out)], capture_output=True, text=True, timeout=280, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "dag_parse.py"),
+            "--runs",
+            "1",
+            "--dags",
+            str(dags),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=REPO,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     result = json.loads(out.read_text())
     files = {f["file"]: f for f in result["files"]}

@@ -65,17 +65,24 @@ class Stack:
         self._token: str | None = None
 
     def start(self) -> None:
-        proc = subprocess.run([str(REPO / "scripts" / "serve.sh")], env=self.env, capture_output=True, text=True,
-                              timeout=400)
+        proc = subprocess.run(
+            [str(REPO / "scripts" / "serve.sh")], env=self.env, capture_output=True, text=True, timeout=400
+        )
         assert proc.returncode == 0, f"serve.sh failed:\n{proc.stdout}\n{proc.stderr}"
         for pidfile in (self.home / "run").glob("*.pid"):
             self.pgids[pidfile.stem] = int(pidfile.read_text())
-        assert set(self.pgids) == {"mlflow", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor",
-                                   "airflow-triggerer"}
+        assert set(self.pgids) == {
+            "mlflow",
+            "airflow-api-server",
+            "airflow-scheduler",
+            "airflow-dag-processor",
+            "airflow-triggerer",
+        }
 
     def stop(self) -> subprocess.CompletedProcess:
-        return subprocess.run([str(REPO / "scripts" / "stop.sh")], env=self.env, capture_output=True, text=True,
-                              timeout=300)
+        return subprocess.run(
+            [str(REPO / "scripts" / "stop.sh")], env=self.env, capture_output=True, text=True, timeout=300
+        )
 
     @property
     def token(self) -> str:
@@ -127,8 +134,12 @@ def _task_log(stack: Stack, run_id: str, task_id: str) -> str:
     ti = stack.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}").json()
     texts = []
     for try_number in range(1, int(ti.get("try_number") or 1) + 1):
-        r = stack.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
-                      params={"full_content": "true"}, headers_accept="application/json")
+        r = stack.api(
+            "GET",
+            f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
+            params={"full_content": "true"},
+            headers_accept="application/json",
+        )
         texts.append(r.text)
     return "\n".join(texts)
 
@@ -194,9 +205,17 @@ def test_trigger_defer_succeed_mlflow_and_carbon_page(stack):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     url = f"{stack.base}/auth/token/login?next=/carbonflow/carbon"
     profile = stack.home / "chromium-profile"
-    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-              "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1280,1100",
-              "--virtual-time-budget=5000"]
+    common = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        "--window-size=1280,1100",
+        "--virtual-time-budget=5000",
+    ]
     dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
@@ -214,5 +233,6 @@ def test_trigger_defer_succeed_mlflow_and_carbon_page(stack):
     plugins = stack.api("GET", "/plugins").json()["plugins"]
     views = [v for p in plugins if p["name"] == "carbonflow" for v in p["external_views"]]
     assert views and views[0]["href"] == "/carbonflow/carbon"
-    (ARTIFACTS / "run.json").write_text(json.dumps({"dag_id": DAG_ID, "run_id": run_id, "task_states": seen,
-                                                    "mlflow_run": newest.to_json()}, indent=2))
+    (ARTIFACTS / "run.json").write_text(
+        json.dumps({"dag_id": DAG_ID, "run_id": run_id, "task_states": seen, "mlflow_run": newest.to_json()}, indent=2)
+    )

@@ -58,10 +58,19 @@ class ContainerView:
 Behaviour = Callable[[ContainerView], ContainerOutcome]
 
 _PATHS = [
-    (re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<kind>configmaps|services|pods)(?:/(?P<name>[^/]+))?"
-                r"(?:/(?P<sub>log|status))?$"), "v1"),
-    (re.compile(r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/(?P<kind>jobs)(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?$"),
-     "batch/v1"),
+    (
+        re.compile(
+            r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<kind>configmaps|services|pods)(?:/(?P<name>[^/]+))?"
+            r"(?:/(?P<sub>log|status))?$"
+        ),
+        "v1",
+    ),
+    (
+        re.compile(
+            r"^/apis/batch/v1/namespaces/(?P<ns>[^/]+)/(?P<kind>jobs)(?:/(?P<name>[^/]+))?(?:/(?P<sub>status))?$"
+        ),
+        "batch/v1",
+    ),
 ]
 _KIND = {"configmaps": "ConfigMap", "services": "Service", "pods": "Pod", "jobs": "Job"}
 
@@ -71,15 +80,23 @@ def _now() -> str:
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": reason, "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
 
 
 class FakeKubeApi:
     """The fake API server; use as a context manager, then :meth:`write_kubeconfig`."""
 
-    def __init__(self, behaviour: Behaviour | None = None,
-                 node_for: Callable[[dict[str, Any]], str] | None = None) -> None:
+    def __init__(
+        self, behaviour: Behaviour | None = None, node_for: Callable[[dict[str, Any]], str] | None = None
+    ) -> None:
         self.behaviour = behaviour or (lambda view: ContainerOutcome())
         self.node_for = node_for or (lambda pod: "gpu-node-a")  # the scheduler's choice
         # Restore pods (label carbonflow.io/restores) run this instead; every one is recorded in ``restores``.
@@ -140,13 +157,18 @@ class FakeKubeApi:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def write_kubeconfig(self, path: Path) -> Path:
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-            "current-context": "fake",
-        }))
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+                    "current-context": "fake",
+                }
+            )
+        )
         return path
 
     def live(self, kind: str) -> list[dict[str, Any]]:
@@ -212,9 +234,19 @@ class FakeKubeApi:
 
     def _admit_pod(self, pod: dict[str, Any]) -> None:
         container = pod["spec"]["containers"][0]
-        pod["status"] = {"phase": "Pending", "containerStatuses": [
-            {"name": container["name"], "image": container["image"], "imageID": "", "ready": False, "restartCount": 0,
-             "state": {"waiting": {"reason": "ContainerCreating"}}}]}
+        pod["status"] = {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "name": container["name"],
+                    "image": container["image"],
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"waiting": {"reason": "ContainerCreating"}},
+                }
+            ],
+        }
         self.reads[pod["metadata"]["name"]] = 0
 
     def _view(self, pod: dict[str, Any]) -> ContainerView | None:
@@ -239,8 +271,13 @@ class FakeKubeApi:
                 env[var["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), var["value"])
             elif "fieldRef" in var.get("valueFrom", {}):
                 env[var["name"]] = self._field(pod, var["valueFrom"]["fieldRef"]["fieldPath"])
-        return ContainerView(pod=copy.deepcopy(pod), env=env, files=files, args=list(container.get("args") or []),
-                             command=list(container.get("command") or []))
+        return ContainerView(
+            pod=copy.deepcopy(pod),
+            env=env,
+            files=files,
+            args=list(container.get("args") or []),
+            command=list(container.get("command") or []),
+        )
 
     @staticmethod
     def _field(pod: dict[str, Any], path: str) -> str:
@@ -294,12 +331,18 @@ class FakeKubeApi:
             cstatus["ready"] = True
             return
         pod["status"]["phase"] = "Succeeded" if outcome.exit_code == 0 else "Failed"
-        terminated: dict[str, Any] = {"exitCode": outcome.exit_code, "reason": "Completed" if outcome.exit_code == 0
-                                      else "Error", "finishedAt": _now()}
+        terminated: dict[str, Any] = {
+            "exitCode": outcome.exit_code,
+            "reason": "Completed" if outcome.exit_code == 0 else "Error",
+            "finishedAt": _now(),
+        }
         message = outcome.termination_message[:4096]  # the kubelet keeps at most 4096 bytes
         container = pod["spec"]["containers"][0]
-        if not message and outcome.exit_code != 0 and container.get("terminationMessagePolicy") == \
-                "FallbackToLogsOnError":
+        if (
+            not message
+            and outcome.exit_code != 0
+            and container.get("terminationMessagePolicy") == "FallbackToLogsOnError"
+        ):
             message = "\n".join(outcome.log.splitlines()[-80:])[-2048:]
         if message:
             terminated["message"] = message
@@ -319,7 +362,7 @@ class FakeKubeApi:
         outcome = self.outcomes.get(name)
         text = outcome.log if outcome else ""
         if "tailLines" in query:
-            text = "\n".join(text.splitlines()[-int(query["tailLines"]):])
+            text = "\n".join(text.splitlines()[-int(query["tailLines"]) :])
         return 200, text, "text/plain"
 
     # -- jobs (Indexed job controller model) -----------------------------------------------------------------------
@@ -332,44 +375,70 @@ class FakeKubeApi:
         job["status"] = {"active": 0, "succeeded": 0, "failed": 0, "startTime": _now()}
         template = spec["template"]
         for index in range(min(spec.get("parallelism", 1), spec.get("completions", 1))):
-            pod = copy.deepcopy({"apiVersion": "v1", "kind": "Pod", "metadata": template.get("metadata", {}),
-                                 "spec": template["spec"]})
+            pod = copy.deepcopy(
+                {"apiVersion": "v1", "kind": "Pod", "metadata": template.get("metadata", {}), "spec": template["spec"]}
+            )
             meta = pod["metadata"]
             meta["name"] = f"{job_name}-{index}-{uuid.uuid4().hex[:5]}"
             meta["namespace"] = ns
-            meta.setdefault("labels", {}).update({"job-name": job_name, "batch.kubernetes.io/job-name": job_name,
-                                                  "batch.kubernetes.io/job-completion-index": str(index)})
+            meta.setdefault("labels", {}).update(
+                {
+                    "job-name": job_name,
+                    "batch.kubernetes.io/job-name": job_name,
+                    "batch.kubernetes.io/job-completion-index": str(index),
+                }
+            )
             meta.setdefault("annotations", {})["batch.kubernetes.io/job-completion-index"] = str(index)
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now())
-            meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": job_name,
-                                        "uid": job["metadata"]["uid"], "controller": True}]
+            meta["ownerReferences"] = [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": job_name,
+                    "uid": job["metadata"]["uid"],
+                    "controller": True,
+                }
+            ]
             pod["spec"]["hostname"] = f"{job_name}-{index}"
             container = pod["spec"]["containers"][0]
-            container["env"] = [{"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
-                "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
-                *(container.get("env") or [])]
+            container["env"] = [
+                {
+                    "name": "JOB_COMPLETION_INDEX",
+                    "valueFrom": {
+                        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+                    },
+                },
+                *(container.get("env") or []),
+            ]
             self._admit_pod(pod)
             self.objects[("Pod", ns, meta["name"])] = pod
         job["status"]["active"] = len(self._job_pods(job))
 
     def _job_pods(self, job: dict[str, Any]) -> list[dict[str, Any]]:
         name, ns = job["metadata"]["name"], job["metadata"]["namespace"]
-        return [o for (k, pns, _), o in self.objects.items()
-                if k == "Pod" and pns == ns and (o["metadata"].get("labels") or {}).get("job-name") == name]
+        return [
+            o
+            for (k, pns, _), o in self.objects.items()
+            if k == "Pod" and pns == ns and (o["metadata"].get("labels") or {}).get("job-name") == name
+        ]
 
     def _update_job(self, job: dict[str, Any]) -> None:
         pods = self._job_pods(job)
         phases = [p["status"]["phase"] for p in pods]
         status = job["status"]
-        status.update(active=sum(ph in ("Pending", "Running") for ph in phases),
-                      succeeded=phases.count("Succeeded"), failed=phases.count("Failed"))
+        status.update(
+            active=sum(ph in ("Pending", "Running") for ph in phases),
+            succeeded=phases.count("Succeeded"),
+            failed=phases.count("Failed"),
+        )
         spec = job["spec"]
         if status["succeeded"] >= spec.get("completions", 1):
             status["conditions"] = [{"type": "Complete", "status": "True", "lastTransitionTime": _now()}]
             status["completionTime"] = _now()
         elif status["failed"] > spec.get("backoffLimit", 6):
-            status["conditions"] = [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                                     "lastTransitionTime": _now()}]
+            status["conditions"] = [
+                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "lastTransitionTime": _now()}
+            ]
 
     def _delete(self, kind: str, ns: str, name: str, options: dict[str, Any]) -> tuple[int, Any]:
         obj = self.objects.pop((kind, ns, name))

@@ -29,10 +29,19 @@ def make_spec() -> JobSpec:
 
 def make_plan(containers: int = 1) -> Plan:
     now = datetime.now(UTC)
-    return Plan(job="resnet_nightly", config=Config(containers=containers, power_limit_w=175), start=now,
-                finish_by=now + timedelta(hours=8), predicted_duration_s=60, predicted_energy_j=9000,
-                predicted_emissions_g=0.5, region="GB", forecast_provider="uk-neso", signal_kind="average-direct",
-                reason="test")
+    return Plan(
+        job="resnet_nightly",
+        config=Config(containers=containers, power_limit_w=175),
+        start=now,
+        finish_by=now + timedelta(hours=8),
+        predicted_duration_s=60,
+        predicted_energy_j=9000,
+        predicted_emissions_g=0.5,
+        region="GB",
+        forecast_provider="uk-neso",
+        signal_kind="average-direct",
+        reason="test",
+    )
 
 
 def container_result(view: ContainerView, *, energy_j: float = 1000.0, accuracy: float = 0.97) -> WrappedRun:
@@ -42,13 +51,28 @@ def container_result(view: ContainerView, *, energy_j: float = 1000.0, accuracy:
     rank = int(view.env.get("RANK", "0"))
     start = datetime(2026, 1, 1, 2, 0, tzinfo=UTC) + timedelta(seconds=rank)
     return WrappedRun(
-        job=job.name, config_key=plan.config.key(), started_at=start, ended_at=start + timedelta(seconds=100),
-        duration_s=100, exit_code=0,
-        devices=[DeviceEnergy(device_id="GPU-0", device_model="A100", kind="gpu", energy_j=energy_j,
-                              label="measured", power_limit_w=plan.config.power_limit_w),
-                 DeviceEnergy(device_id="cpu-package-0", device_model="EPYC", kind="cpu", energy_j=200.0 + rank,
-                              label="estimated")],
-        steps=50, samples=1000 * (rank + 1), throughput_samples_per_s=10,
+        job=job.name,
+        config_key=plan.config.key(),
+        started_at=start,
+        ended_at=start + timedelta(seconds=100),
+        duration_s=100,
+        exit_code=0,
+        devices=[
+            DeviceEnergy(
+                device_id="GPU-0",
+                device_model="A100",
+                kind="gpu",
+                energy_j=energy_j,
+                label="measured",
+                power_limit_w=plan.config.power_limit_w,
+            ),
+            DeviceEnergy(
+                device_id="cpu-package-0", device_model="EPYC", kind="cpu", energy_j=200.0 + rank, label="estimated"
+            ),
+        ],
+        steps=50,
+        samples=1000 * (rank + 1),
+        throughput_samples_per_s=10,
         metrics={"test_accuracy": accuracy - rank * 0.01, "rank": float(rank)},
         power_limit_w=plan.config.power_limit_w,
         notes=[f"zeusd={view.env.get('ZEUSD_SOCK_PATH')}", f"world={view.env.get('WORLD_SIZE', '1')}"],
@@ -62,8 +86,13 @@ def kube(tmp_path):
     def behaviour(view: ContainerView) -> ContainerOutcome:
         seen.append(view)
         result = container_result(view)
-        return ContainerOutcome(exit_code=0, termination_message=result.model_dump_json(),
-                                log="epoch 1 loss 0.3\n", pending_reads=1, running_reads=2)
+        return ContainerOutcome(
+            exit_code=0,
+            termination_message=result.model_dump_json(),
+            log="epoch 1 loss 0.3\n",
+            pending_reads=1,
+            running_reads=2,
+        )
 
     with FakeKubeApi(behaviour) as api:
         api.seen = seen
@@ -72,8 +101,9 @@ def kube(tmp_path):
 
 
 def backend_for(api: FakeKubeApi, **kw) -> KubernetesBackend:
-    return KubernetesBackend(KubernetesSettings(namespace="ml"), config_file=str(api.kubeconfig),
-                             poll_interval_s=0.01, **kw)
+    return KubernetesBackend(
+        KubernetesSettings(namespace="ml"), config_file=str(api.kubeconfig), poll_interval_s=0.01, **kw
+    )
 
 
 def test_one_container_runs_as_a_pod_and_everything_is_deleted(kube):
@@ -101,8 +131,9 @@ def test_one_container_runs_as_a_pod_and_everything_is_deleted(kube):
 
 def test_several_containers_run_as_indexed_job_with_ranks(tmp_path):
     def behaviour(view: ContainerView) -> ContainerOutcome:
-        return ContainerOutcome(termination_message=container_result(view).model_dump_json(indent=2),
-                                pending_reads=1, running_reads=2)
+        return ContainerOutcome(
+            termination_message=container_result(view).model_dump_json(indent=2), pending_reads=1, running_reads=2
+        )
 
     def node_for(pod: dict) -> str:  # ranks 0 and 1 share a node, rank 2 has its own
         index = int(pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"])
@@ -252,8 +283,12 @@ def test_fake_api_rejects_invalid_objects_like_a_server(kube):
     from kubernetes import client, config
 
     api = client.CoreV1Api(config.new_client_from_config(config_file=str(kube.kubeconfig)))
-    bad = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bad"},
-           "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"cpu": {"n": 1}}}}]}}
+    bad = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "bad"},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": {"cpu": {"n": 1}}}}]},
+    }
     with pytest.raises(client.exceptions.ApiException) as err:
         api.create_namespaced_pod("ml", bad)
     assert err.value.status == 422

@@ -27,13 +27,23 @@ def make_spec(**kw) -> JobSpec:
     return JobSpec(**base)
 
 
-def make_plan(containers: int = 1, power_limit_w: float | None = 175, group: str | None = None,
-              job: str = "resnet_nightly") -> Plan:
+def make_plan(
+    containers: int = 1, power_limit_w: float | None = 175, group: str | None = None, job: str = "resnet_nightly"
+) -> Plan:
     now = datetime.now(UTC)
-    return Plan(job=job, config=Config(containers=containers, power_limit_w=power_limit_w, colocation_group=group),
-                start=now + timedelta(hours=2), finish_by=now + timedelta(hours=9), predicted_duration_s=3600,
-                predicted_energy_j=1e6, predicted_emissions_g=50, region="GB", forecast_provider="uk-neso",
-                signal_kind="average-direct", reason="lowest forecast window before finish-by")
+    return Plan(
+        job=job,
+        config=Config(containers=containers, power_limit_w=power_limit_w, colocation_group=group),
+        start=now + timedelta(hours=2),
+        finish_by=now + timedelta(hours=9),
+        predicted_duration_s=3600,
+        predicted_energy_j=1e6,
+        predicted_emissions_g=50,
+        region="GB",
+        forecast_provider="uk-neso",
+        signal_kind="average-direct",
+        reason="lowest forecast window before finish-by",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +73,15 @@ def test_single_container_is_a_valid_pod_with_gpu_and_zeusd(builder):
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     # the wrapper is the entrypoint
     assert c["command"] == ["carbonflow"]
-    assert c["args"][:7] == ["run", "--job", "/etc/carbonflow/job.json", "--plan", "/etc/carbonflow/plan.json",
-                             "--result", "/dev/termination-log"]
+    assert c["args"][:7] == [
+        "run",
+        "--job",
+        "/etc/carbonflow/job.json",
+        "--plan",
+        "/etc/carbonflow/plan.json",
+        "--result",
+        "/dev/termination-log",
+    ]
     assert c["args"][7:] == ["--", "python", "train.py"]
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     # power limits through the zeusd node agent, not a privileged pod
@@ -136,8 +153,15 @@ def test_workload_job_runs_the_builtin_module(builder):
         doc = builder.build(spec, make_plan(containers)).to_dicts()[-1]
         pod_spec = doc["spec"]["template"]["spec"] if doc["kind"] == "Job" else doc["spec"]
         args = pod_spec["containers"][0]["args"]
-        assert args[args.index("--") + 1 :] == ["python", "-m", "carbonflow.workloads.digits_cnn", "--epochs", "2",
-                                                "--batch-size", "32"]
+        assert args[args.index("--") + 1 :] == [
+            "python",
+            "-m",
+            "carbonflow.workloads.digits_cnn",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "32",
+        ]
 
 
 def test_bad_input_is_rejected_with_the_field_named(builder):
@@ -197,5 +221,11 @@ def test_deploy_zeusd_daemonset_and_example_job_are_wired():
     assert example_pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     role = docs[("Role", "carbonflow-pod-launcher")]
     verbs = {(r["resources"][0], v) for r in role["rules"] for v in r["verbs"]}
-    assert {("pods", "create"), ("pods", "delete"), ("pods/log", "get"), ("jobs", "create"),
-            ("configmaps", "create"), ("services", "delete")} <= verbs
+    assert {
+        ("pods", "create"),
+        ("pods", "delete"),
+        ("pods/log", "get"),
+        ("jobs", "create"),
+        ("configmaps", "create"),
+        ("services", "delete"),
+    } <= verbs

@@ -52,20 +52,45 @@ def run_container_locally(view: ContainerView, workdir: Path) -> ContainerOutcom
     argv = [*argv[: sep + 1], *exe.get(argv[sep + 1], [argv[sep + 1]]), *argv[sep + 2 :]]
     env = {k: v for k, v in view.env.items() if k not in ("ZEUSD_SOCK_PATH",)}
     env["CARBONFLOW_POWER_JOURNAL_DIR"] = str(workdir / "journal")
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=workdir,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(workdir), **env,
-                               "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    proc = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=workdir,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(workdir),
+            **env,
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        },
+    )
     message = result.read_text() if result.exists() else ""
-    return ContainerOutcome(exit_code=proc.returncode, termination_message=message,
-                            log=proc.stdout + proc.stderr, pending_reads=1, running_reads=1)
+    return ContainerOutcome(
+        exit_code=proc.returncode,
+        termination_message=message,
+        log=proc.stdout + proc.stderr,
+        pending_reads=1,
+        running_reads=1,
+    )
 
 
 def test_generated_pod_runs_the_real_wrapper_and_its_result_comes_back(tmp_path):
     spec = JobSpec(name="tiny_job", command=["python", "-c", TRAIN], steps=5, region="GB", device_kind="cpu")
     now = datetime.now(UTC)
-    plan = Plan(job="tiny_job", config=Config(containers=1), start=now, finish_by=now + timedelta(hours=1),
-                predicted_duration_s=1, predicted_energy_j=1, predicted_emissions_g=0.001, region="GB",
-                forecast_provider="static", signal_kind="average-direct", reason="contract test")
+    plan = Plan(
+        job="tiny_job",
+        config=Config(containers=1),
+        start=now,
+        finish_by=now + timedelta(hours=1),
+        predicted_duration_s=1,
+        predicted_energy_j=1,
+        predicted_emissions_g=0.001,
+        region="GB",
+        forecast_provider="static",
+        signal_kind="average-direct",
+        reason="contract test",
+    )
     outcomes: list[ContainerOutcome] = []
 
     def behaviour(view: ContainerView) -> ContainerOutcome:
@@ -74,8 +99,9 @@ def test_generated_pod_runs_the_real_wrapper_and_its_result_comes_back(tmp_path)
 
     with FakeKubeApi(behaviour) as api:
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig.json")
-        backend = KubernetesBackend(KubernetesSettings(namespace="ml"), config_file=str(kubeconfig),
-                                    poll_interval_s=0.05)
+        backend = KubernetesBackend(
+            KubernetesSettings(namespace="ml"), config_file=str(kubeconfig), poll_interval_s=0.05
+        )
         wrapped = backend.execute(spec, plan)
     (outcome,) = outcomes
     assert outcome.exit_code == 0, outcome.log[-3000:]

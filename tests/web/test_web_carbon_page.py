@@ -29,21 +29,42 @@ def _spec(name: str) -> JobSpec:
 
 
 def _plan(name: str, start: datetime, duration_s: float = 5400, energy_j: float = 7.2e5) -> Plan:
-    return Plan(job=name, config=Config(containers=1, power_limit_w=175), start=start,
-                finish_by=start + timedelta(hours=8), predicted_duration_s=duration_s, predicted_energy_j=energy_j,
-                predicted_emissions_g=energy_j / 3.6e6 * 150, region="GB", forecast_provider="replay:neso",
-                signal_kind="average-direct", replay=True, reason=f"{name}: lowest-carbon window before finish-by")
+    return Plan(
+        job=name,
+        config=Config(containers=1, power_limit_w=175),
+        start=start,
+        finish_by=start + timedelta(hours=8),
+        predicted_duration_s=duration_s,
+        predicted_energy_j=energy_j,
+        predicted_emissions_g=energy_j / 3.6e6 * 150,
+        region="GB",
+        forecast_provider="replay:neso",
+        signal_kind="average-direct",
+        replay=True,
+        reason=f"{name}: lowest-carbon window before finish-by",
+    )
 
 
 def _result(name: str, start: datetime, energy_j: float, accuracy: float, saving_g: float) -> RunResult:
     emissions = energy_j / 3.6e6 * 150
     return RunResult(
-        job=name, config=Config(containers=1, power_limit_w=175), started_at=start,
-        ended_at=start + timedelta(seconds=60), duration_s=60,
+        job=name,
+        config=Config(containers=1, power_limit_w=175),
+        started_at=start,
+        ended_at=start + timedelta(seconds=60),
+        duration_s=60,
         devices=[DeviceEnergy(device_id="cpu0", device_model="cpu", kind="cpu", energy_j=energy_j, label="estimated")],
-        energy_gpu_j=0, energy_cpu_j=energy_j, energy_total_j=energy_j, energy_labels=["estimated"],
-        emissions_g=emissions, carbon_intensity_mean_gco2_per_kwh=150, samples=1000, throughput_samples_per_s=16.7,
-        metrics={"test_accuracy": accuracy}, emissions_run_now_default_g=emissions + saving_g, saving_g=saving_g,
+        energy_gpu_j=0,
+        energy_cpu_j=energy_j,
+        energy_total_j=energy_j,
+        energy_labels=["estimated"],
+        emissions_g=emissions,
+        carbon_intensity_mean_gco2_per_kwh=150,
+        samples=1000,
+        throughput_samples_per_s=16.7,
+        metrics={"test_accuracy": accuracy},
+        emissions_run_now_default_g=emissions + saving_g,
+        saving_g=saving_g,
         saving_fraction=saving_g / (emissions + saving_g),
     )
 
@@ -55,12 +76,19 @@ def store(tmp_path_factory):
     uri = f"sqlite:///{home / 'mlflow.db'}"
     t = datetime(2023, 3, 14, 1, 0, tzinfo=UTC)
     logged = []
-    for name, offset_h, energy_j, acc, saving in [("digits_cnn", 0, 36000.0, 0.971, 0.4),
-                                                   ("resnet_nightly", 1, 72000.0, 0.912, 1.1),
-                                                   ("digits_cnn", 24, 30000.0, 0.975, 0.5)]:
+    for name, offset_h, energy_j, acc, saving in [
+        ("digits_cnn", 0, 36000.0, 0.971, 0.4),
+        ("resnet_nightly", 1, 72000.0, 0.912, 1.1),
+        ("digits_cnn", 24, 30000.0, 0.975, 0.5),
+    ]:
         start = t + timedelta(hours=offset_h)
-        outcome = log_training_run(_spec(name), _plan(name, start), _result(name, start, energy_j, acc, saving),
-                                   tracking_uri=uri, spool_dir=home / "spool")
+        outcome = log_training_run(
+            _spec(name),
+            _plan(name, start),
+            _result(name, start, energy_j, acc, saving),
+            tracking_uri=uri,
+            spool_dir=home / "spool",
+        )
         assert not outcome.spooled, outcome.message
         logged.append(outcome.run_id)
     return uri, logged
@@ -71,8 +99,13 @@ def _upcoming() -> list[UpcomingJob]:
     first, _ = replay.replay_window()
     forecast = replay.forecast("GB", first, 24 * 3600)
     return [
-        UpcomingJob(plan=_plan("digits_cnn", first + timedelta(hours=3)), forecast=forecast, dag_id="nightly_retrain",
-                    run_id="r1", task_id="train_digits_cnn"),
+        UpcomingJob(
+            plan=_plan("digits_cnn", first + timedelta(hours=3)),
+            forecast=forecast,
+            dag_id="nightly_retrain",
+            run_id="r1",
+            task_id="train_digits_cnn",
+        ),
         UpcomingJob(plan=_plan("resnet_nightly", first + timedelta(hours=5), duration_s=7200), forecast=forecast),
     ]
 

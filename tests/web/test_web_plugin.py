@@ -23,8 +23,9 @@ def test_plugin_shape_is_what_airflow_accepts():
 
 
 def test_page_needs_an_airflow_token(airflow_db, monkeypatch):
-    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER",
-                       "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
+    monkeypatch.setenv(
+        "AIRFLOW__CORE__AUTH_MANAGER", "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+    )
     monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "False")
     monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", "carbonflow-test-secret-" + "x" * 48)
     from airflow.api_fastapi.app import create_auth_manager
