@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import csv
 import logging
-from itertools import pairwise
 from datetime import datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 
 from carbonflow.energy.accounting import emissions_g
