@@ -116,10 +116,15 @@ def report(
     """Compare a job's runs: energy, emissions, accuracy, savings and configuration."""
     from rich.console import Console
 
+    from carbonflow.tracking.history import TrackingUnavailableError
     from carbonflow.tracking.report import build_report, render_table
 
     png_path = png or Path(f"{job}-report.png")
-    data = build_report(job, tracking_uri=tracking_uri, png_path=png_path)
+    try:
+        data = build_report(job, tracking_uri=tracking_uri, png_path=png_path)
+    except (LookupError, TrackingUnavailableError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
     console = Console()
     console.print(render_table(data))
     console.print(f"plot: {png_path}")
