@@ -110,7 +110,9 @@ def latest_training_runs(uri: str, since: datetime) -> list[dict[str, Any]]:
         return []
     found = client.search_runs(
         [e.experiment_id for e in experiments],
-        filter_string=f"tags.`{schema.T_KIND}` = 'training' and attributes.start_time >= {int(since.timestamp() * 1000)}",
+        filter_string=(
+            f"tags.`{schema.T_KIND}` = 'training' and attributes.start_time >= {int(since.timestamp() * 1000)}"
+        ),
         order_by=["attributes.start_time ASC"],
     )
     rows: dict[str, dict[str, Any]] = {}
@@ -160,16 +162,18 @@ def print_summary(console: Console, runs: list[dict[str, Any]]) -> None:
         m = run["metrics"]
         console.print(f"[bold]{run['job']}[/]: {run['params'].get(s.P_PLAN_REASON, '')}", soft_wrap=True)
         console.print(
-            f"  MLflow {run['run_id']}: duration_s={m.get(s.M_DURATION_S):.3f} energy_total_j={m.get(s.M_ENERGY_TOTAL_J):.3f} "
+            f"  MLflow {run['run_id']}: duration_s={m.get(s.M_DURATION_S):.3f} "
+            f"energy_total_j={m.get(s.M_ENERGY_TOTAL_J):.3f} "
             f"emissions_g={m.get(s.M_EMISSIONS_G):.6f} carbon_intensity_mean_gco2_per_kwh="
             f"{m.get(s.M_CARBON_INTENSITY_MEAN):.3f} test_accuracy={m.get(s.M_TEST_ACCURACY, float('nan')):.4f}",
             soft_wrap=True,
         )
     labels = runs[0]["tags"].get(s.T_ENERGY_LABELS, "")
     console.print(
-        f"Labels: energy figures are [bold]{labels}[/] — the GPU is a [bold]simulated[/] V100 replaying Zeus's published "
-        "power/speed measurements (the training itself runs for real on this CPU); CPU energy is [bold]estimated[/] "
-        "(codecarbon's model, no RAPL here); carbon intensity is a [bold]replay[/] of NESO's published GB forecasts and "
-        "actuals (March 2023, CC BY 4.0); the start-now saving is [bold]predicted[/] from the profile.",
+        f"Labels: energy figures are [bold]{labels}[/] — the GPU is a [bold]simulated[/] V100 replaying Zeus's "
+        "published power/speed measurements (the training itself runs for real on this CPU); CPU energy is "
+        "[bold]estimated[/] (codecarbon's model, no RAPL here); carbon intensity is a [bold]replay[/] of NESO's "
+        "published GB forecasts and actuals (March 2023, CC BY 4.0); the start-now saving is [bold]predicted[/] "
+        "from the profile.",
         soft_wrap=True,
     )

@@ -34,11 +34,14 @@ def test_nightly_retrain_leaves_a_complete_mlflow_run_per_job(airflow_db) -> Non
         assert experiment is not None
         runs = client.search_runs(
             [experiment.experiment_id],
-            filter_string=f"tags.`{s.T_KIND}` = 'training' and attributes.start_time >= {int(started.timestamp() * 1000)}",
+            filter_string=(
+                f"tags.`{s.T_KIND}` = 'training' and attributes.start_time >= {int(started.timestamp() * 1000)}"
+            ),
         )
         assert len(runs) == 1, f"{job}: expected one training run, found {len(runs)}"
         data = runs[0].data
-        for metric in (s.M_DURATION_S, s.M_ENERGY_TOTAL_J, s.M_EMISSIONS_G, s.M_CARBON_INTENSITY_MEAN, s.M_TEST_ACCURACY):
+        metrics = (s.M_DURATION_S, s.M_ENERGY_TOTAL_J, s.M_EMISSIONS_G, s.M_CARBON_INTENSITY_MEAN, s.M_TEST_ACCURACY)
+        for metric in metrics:
             assert metric in data.metrics, metric
         assert data.metrics[s.M_TEST_ACCURACY] >= 0.95
         assert data.metrics[s.M_ENERGY_TOTAL_J] > 0 and data.metrics[s.M_EMISSIONS_G] > 0

@@ -19,7 +19,8 @@ JOB = {
 
 def test_a_good_request_passes_and_overrides_apply() -> None:
     finish_by = (datetime.now(UTC) + timedelta(hours=10)).isoformat()
-    spec = validate_job(apply_overrides(JOB, {"region": "DE", "finish_by": finish_by, "power_limit_w": 175, "steps": ""}))
+    overrides = {"region": "DE", "finish_by": finish_by, "power_limit_w": 175, "steps": ""}
+    spec = validate_job(apply_overrides(JOB, overrides))
     assert spec.region == "DE"
     assert spec.power_limit_w == 175
     assert spec.finish_by is not None and spec.finish_by > datetime.now(UTC)
