@@ -33,6 +33,7 @@ from carbonflow.simulation import (
     grid_from_trace_file,
     load_pair_table,
     load_philly_csv,
+    simulate,
     synthetic_trace,
 )
 
@@ -75,8 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         exp = Experiment.build(trace, pairs, devices, grid, ClusterSpec(gpus=gpus))
         ctx = exp.context()
         policy = FifoPolicy() if args.policy == "fifo" else PlannerPolicy(args.policy, power_limit=True, colocate=True)
-        from carbonflow.simulation import simulate
-
         prof = cProfile.Profile() if args.profile and n == max(sizes) else None
         t1 = time.perf_counter()
         if prof:
