@@ -17,8 +17,9 @@
   using at most ``shift_slack_use`` (default half) of the job's slack, the rest kept for queueing.
 * ``carbonflow`` — all three together.
 
-What a policy knows about a job before it runs is what carbonflow would know: its family's last
-realised duration (history), its job type's power curve (profile) and its finish-by time. The first
+What a policy knows about a job before it runs is what carbonflow would know: the longest of its
+family's last ``history_runs`` realised durations (history), its job type's power curve (profile) and
+its finish-by time. For co-location the engine offers one running job per job type as a partner. The first
 recurrence of a family has no history, so it is neither co-located nor shifted (it is the profiling run).
 """
 
