@@ -87,9 +87,11 @@ def run_demo(home: Path, console: Console | None = None) -> int:
     console.print(f"{DAG_ID} finished ({time.monotonic() - t0:.0f} s)")
     os.environ["MLFLOW_TRACKING_URI"] = env["MLFLOW_TRACKING_URI"]
     os.environ["CARBONFLOW_HOME"] = str(home)
-    runs = latest_training_runs(env["MLFLOW_TRACKING_URI"], started)
+    from carbonflow.workloads.catalog import NIGHTLY_JOBS
+
+    runs = latest_training_runs(env["MLFLOW_TRACKING_URI"], [job["name"] for job in NIGHTLY_JOBS])
     if not runs:
-        console.print(f"[red]no MLflow training run found after {started.isoformat()}; see {log_path}[/]")
+        console.print(f"[red]no MLflow training run found; see {log_path}[/]")
         return 1
     print_summary(console, runs)
     console.print(f"Demo finished in {time.monotonic() - t0:.0f} s")
@@ -98,34 +100,44 @@ def run_demo(home: Path, console: Console | None = None) -> int:
     return 0
 
 
-def latest_training_runs(uri: str, since: datetime) -> list[dict[str, Any]]:
-    """The training runs logged since ``since``, one per job (first job of the DAG first)."""
+def latest_training_runs(uri: str, jobs: list[str]) -> list[dict[str, Any]]:
+    """The newest training run (highest recurrence) of each job, in the order of ``jobs``.
+
+    Runs carry their replayed start time, so recency is read from the recurrence index, not the clock.
+    """
     from mlflow import MlflowClient
 
     from carbonflow.tracking import schema
 
     client = MlflowClient(tracking_uri=uri)
-    experiments = [e for e in client.search_experiments() if e.name.startswith(schema.EXPERIMENT_PREFIX)]
-    if not experiments:
-        return []
-    found = client.search_runs(
-        [e.experiment_id for e in experiments],
-        filter_string=(
-            f"tags.`{schema.T_KIND}` = 'training' and attributes.start_time >= {int(since.timestamp() * 1000)}"
-        ),
-        order_by=["attributes.start_time ASC"],
-    )
-    rows: dict[str, dict[str, Any]] = {}
-    for run in found:
-        job = run.data.tags.get(schema.T_JOB, "?")
-        rows[job] = {
-            "run_id": run.info.run_id,
-            "job": job,
-            "params": run.data.params,
-            "metrics": run.data.metrics,
-            "tags": run.data.tags,
-        }
-    return list(rows.values())
+    rows: list[dict[str, Any]] = []
+    for job in jobs:
+        experiment = client.get_experiment_by_name(schema.experiment_name(job))
+        if experiment is None:
+            continue
+        found = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{schema.T_KIND}` = 'training'")
+        if not found:
+            continue
+        run = max(found, key=lambda r: int(r.data.tags.get(schema.T_RECURRENCE, "0") or 0))
+        rows.append(
+            {
+                "run_id": run.info.run_id,
+                "job": job,
+                "params": run.data.params,
+                "metrics": run.data.metrics,
+                "tags": run.data.tags,
+            }
+        )
+    return rows
+
+
+def _when(iso: str | None) -> str:
+    if not iso:
+        return "–"
+    try:
+        return datetime.fromisoformat(iso).strftime("%Y-%m-%d %H:%M UTC")
+    except ValueError:
+        return iso
 
 
 def _kj(value: float | None) -> str:
@@ -151,7 +163,7 @@ def print_summary(console: Console, runs: list[dict[str, Any]]) -> None:
         table.add_row(
             run["job"],
             f"{p.get(s.P_CONTAINERS)} container(s), {p.get(s.P_POWER_LIMIT_W)} W",
-            p.get(s.P_PLANNED_START, "–"),
+            _when(p.get(s.P_PLANNED_START)),
             f"{_kj(m.get(s.M_PREDICTED_ENERGY_TOTAL_J))} / {_kj(m.get(s.M_ENERGY_TOTAL_J))}",
             f"{_g(m.get(s.M_PREDICTED_EMISSIONS_G))} / {_g(m.get(s.M_EMISSIONS_G))}",
             "–" if m.get(s.M_TEST_ACCURACY) is None else f"{m[s.M_TEST_ACCURACY]:.3f}",

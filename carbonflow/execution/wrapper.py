@@ -154,6 +154,15 @@ class _Sweep:
         return len(self.limits_w) * (self.warmup_steps + self.profile_steps + 10) + 2 * self.warmup_steps
 
 
+def _set_busy(gpus: list[Any], busy: bool) -> bool:
+    """Mark simulated GPUs busy or idle (real GPUs measure themselves); returns ``busy``."""
+    for gpu in gpus:
+        set_busy = getattr(gpu, "set_busy", None)
+        if callable(set_busy):
+            set_busy(busy)
+    return busy
+
+
 def _apply_limit(gpus: list[Any], limit_w: float | None, slowdown_file: Path | None, notes: list[str]) -> None:
     """Change the limit mid-run (inside applied_power_limit, which restores the original at exit)."""
     if limit_w is not None:
@@ -194,10 +203,7 @@ def run_wrapped(
     # One GPU per container, as CUDA_VISIBLE_DEVICES would give them; only those are measured.
     gpus = all_gpus[: plan.config.containers] if len(all_gpus) > plan.config.containers else all_gpus
     devices = [*gpus, *(d for d in found if d.kind != "gpu")]
-    for gpu in all_gpus:  # a simulated GPU accrues energy only while the training runs
-        set_busy = getattr(gpu, "set_busy", None)
-        if callable(set_busy):
-            set_busy(False)
+    _set_busy(all_gpus, False)  # a simulated GPU accrues energy only while the training works
     monitor = EnergyMonitor(devices)
     workdir = Path(tempfile.mkdtemp(prefix="carbonflow-run-"))
     progress = _Progress(workdir / "progress.jsonl")
@@ -243,10 +249,7 @@ def run_wrapped(
             monitor.begin_window("run")
             try:
                 child = subprocess.Popen(command, env=env, start_new_session=True)
-                for gpu in gpus:
-                    set_busy = getattr(gpu, "set_busy", None)
-                    if callable(set_busy):
-                        set_busy(True)
+                busy = False
                 while True:
                     if received:
                         notes.append(f"wrapper received {signal.Signals(received[0]).name}: training stopped")
@@ -255,6 +258,10 @@ def run_wrapped(
                         break
                     code = child.poll()
                     progress.poll()
+                    if not busy and progress.step > 0:
+                        # A simulated GPU works from the first training step (the Zeus data has no
+                        # idle power, so the process start-up before it accrues no GPU energy).
+                        busy = _set_busy(gpus, True)
                     if sweep is not None and not sweep.done:
                         _advance_sweep(sweep, progress, monitor, gpus, slowdown_file, stop_file, notes)
                     if code is not None:
@@ -268,10 +275,7 @@ def run_wrapped(
                 if sweep is not None and sweep.open_at is not None:
                     monitor.end_window("measured")
                 total = monitor.end_window("run")
-                for gpu in gpus:
-                    set_busy = getattr(gpu, "set_busy", None)
-                    if callable(set_busy):
-                        set_busy(False)
+                _set_busy(gpus, False)
                 if sampler:
                     sampler.__exit__(None, None, None)
         applied = outcome.applied
