@@ -56,3 +56,13 @@ def airflow_db() -> Path:
         env=dict(os.environ), capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     return _AIRFLOW_HOME
+
+
+@pytest.fixture(scope="session")
+def dag_bag(airflow_db: Path):
+    """The repository's DAGs, parsed once (fails loudly on import errors)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert not bag.import_errors, bag.import_errors
+    return bag

@@ -92,6 +92,7 @@ class ValidateJobsOperator(BaseOperator):
     ui_color = "#fff3c4"
 
     def __init__(self, *, jobs: Sequence[dict[str, Any]], only_param: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("retries", 0)  # a bad request stays bad: never retry it
         super().__init__(**kwargs)
         if not jobs:
             raise ValueError("jobs=[] is not allowed; give at least one job")
@@ -99,6 +100,14 @@ class ValidateJobsOperator(BaseOperator):
         self.only_param = only_param
 
     def execute(self, context: Any) -> list[str]:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        try:
+            return self._validate_all(context)
+        except RequestError as err:
+            raise AirflowFailException(f"invalid request: {err}") from None
+
+    def _validate_all(self, context: Any) -> list[str]:
         overrides = dict(context.get("params") or {})
         jobs = self.jobs
         if self.only_param:

@@ -13,15 +13,14 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def test_nightly_retrain_leaves_a_complete_mlflow_run_per_job(airflow_db) -> None:
+def test_nightly_retrain_leaves_a_complete_mlflow_run_per_job(dag_bag) -> None:
     from airflow.models.dagbag import DagBag
     from mlflow import MlflowClient
 
     from carbonflow.tracking import schema as s
 
-    bag = DagBag(include_examples=False)
-    dag = bag.get_dag("nightly_retrain")
-    assert dag is not None, bag.import_errors
+    dag = dag_bag.get_dag("nightly_retrain")
+    assert dag is not None
     client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
     jobs = ("digits-cnn", "digits-cnn-wide-batch")
     before = {job: _training_runs(client, job) for job in jobs}

@@ -61,13 +61,10 @@ def test_zero_or_negative_steps_are_refused(steps: int) -> None:
 
 
 @pytest.mark.slow
-def test_bad_params_stop_the_dag_before_any_work(airflow_db) -> None:
+def test_bad_params_stop_the_dag_before_any_work(dag_bag) -> None:
     """Through Airflow: an unknown region fails `validate`; no profiling or training task runs."""
-    from airflow.models.dagbag import DagBag
-
-    bag = DagBag(include_examples=False)
-    dag = bag.get_dag("nightly_retrain")
-    assert dag is not None, bag.import_errors
+    dag = dag_bag.get_dag("nightly_retrain")
+    assert dag is not None
     run = dag.test(run_conf={"region": "Atlantis"})
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
     assert states["validate"] == "failed"
