@@ -213,7 +213,7 @@ def test_trigger_defer_succeed_mlflow_and_carbon_page(stack):
         "--disable-background-networking",
         "--disable-dev-shm-usage",
         f"--user-data-dir={profile}",
-        "--window-size=1280,1100",
+        "--window-size=1440,1100",
         "--virtual-time-budget=5000",
     ]
     dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=120)
