@@ -131,6 +131,23 @@ def latest_training_runs(uri: str, jobs: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
+def _devices(run_id: str) -> list[dict[str, Any]]:
+    """Per-device energy of a run, from its result.json artifact."""
+    import json
+    import tempfile
+
+    from mlflow import MlflowClient
+
+    from carbonflow.tracking import schema
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = MlflowClient().download_artifacts(run_id, schema.A_RESULT, tmp)
+        except Exception:  # an artifact store hiccup must not hide the summary
+            return []
+        return list(json.loads(Path(path).read_text(encoding="utf-8")).get("devices", []))
+
+
 def _when(iso: str | None) -> str:
     if not iso:
         return "–"
@@ -180,6 +197,11 @@ def print_summary(console: Console, runs: list[dict[str, Any]]) -> None:
             f"{m.get(s.M_CARBON_INTENSITY_MEAN):.3f} test_accuracy={m.get(s.M_TEST_ACCURACY, float('nan')):.4f}",
             soft_wrap=True,
         )
+        for device in _devices(run["run_id"]):
+            console.print(
+                f"    {device['kind']} {device['device_model']}: {device['energy_j']:.1f} J ({device['label']})",
+                soft_wrap=True,
+            )
     labels = runs[0]["tags"].get(s.T_ENERGY_LABELS, "")
     console.print(
         f"Labels: energy figures are [bold]{labels}[/] — the GPU is a [bold]simulated[/] V100 replaying Zeus's "
