@@ -33,6 +33,8 @@ def demo_env(home: Path, dags_folder: Path) -> dict[str, str]:
         {
             "CARBONFLOW_HOME": str(home),
             "CARBONFLOW_REPLAY": "1",
+            # `airflow dags test` runs triggers in-process: no scheduler to race, so replayed waits can be short.
+            "CARBONFLOW_REPLAY_MIN_WAIT_S": env.get("CARBONFLOW_REPLAY_MIN_WAIT_S", "1"),
             "AIRFLOW_HOME": str(airflow_home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",

@@ -38,6 +38,7 @@ from carbonflow.training import (
 log = logging.getLogger(__name__)
 
 POLL_S = 0.02
+RESULT_LINE_PREFIX = "CARBONFLOW_RESULT"
 
 
 class Terminated(Exception):
@@ -322,8 +323,13 @@ def run_wrapped(
         output_dir=str(out_dir),
     )
     if result_path is not None:
-        result_path.parent.mkdir(parents=True, exist_ok=True)
-        result_path.write_text(wrapped.model_dump_json(indent=2), encoding="utf-8")
+        # Kubernetes keeps only 4 KiB of /dev/termination-log: write compact JSON there.
+        compact = str(result_path).startswith("/dev/")
+        if not compact:
+            result_path.parent.mkdir(parents=True, exist_ok=True)
+        result_path.write_text(wrapped.model_dump_json(indent=None if compact else 2), encoding="utf-8")
+    # The same result as the last line of stdout, for backends that read logs (Kubernetes fallback).
+    print(f"{RESULT_LINE_PREFIX} {wrapped.model_dump_json()}", flush=True)
     if received:
         raise Terminated(received[0])
     return wrapped

@@ -1,7 +1,29 @@
-"""Airflow operators, triggers and hooks of carbonflow (the only part that imports Airflow besides web)."""
+"""Airflow operators, triggers and hooks of carbonflow (the only part that imports Airflow besides web).
 
-from carbonflow.operators.params import ValidateJobsOperator
-from carbonflow.operators.profile import EnergyProfileOperator
-from carbonflow.operators.training import CarbonAwareTrainingOperator
+The operators are imported lazily: Airflow loads the provider metadata in every process, and
+that must not pay for importing the operators.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from carbonflow.operators.params import ValidateJobsOperator
+    from carbonflow.operators.profile import EnergyProfileOperator
+    from carbonflow.operators.training import CarbonAwareTrainingOperator
+
+_WHERE = {
+    "CarbonAwareTrainingOperator": "carbonflow.operators.training",
+    "EnergyProfileOperator": "carbonflow.operators.profile",
+    "ValidateJobsOperator": "carbonflow.operators.params",
+}
 
 __all__ = ["CarbonAwareTrainingOperator", "EnergyProfileOperator", "ValidateJobsOperator"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'carbonflow.operators' has no attribute {name!r}")

@@ -56,7 +56,9 @@ def make_backend(name: str, workdir: Path, kubernetes: dict[str, Any] | None = N
         from carbonflow.execution.k8s_manifests import KubernetesSettings
         from carbonflow.execution.kubernetes import KubernetesBackend
 
-        options = dict(kubernetes or {})
+        if not kubernetes:
+            return KubernetesBackend.from_env()  # $CARBONFLOW_K8S_SETTINGS, in-cluster or kubeconfig
+        options = dict(kubernetes)
         connection = {k: options.pop(k) for k in ("config_file", "context", "in_cluster") if k in options}
         return KubernetesBackend(KubernetesSettings.model_validate(options), **connection)
     raise ValueError(f"backend={name!r} is not allowed; use one of {', '.join(BACKENDS)}")

@@ -9,6 +9,7 @@ backend, accounts energy and emissions, and logs everything to MLflow (spooled i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
@@ -49,6 +50,8 @@ class CarbonAwareTrainingOperator(BaseOperator):
     :param replay_start: the replayed date the run starts at (ISO, UTC); default: an evening
         inside the shipped NESO GB replay.
     :param replay_speedup: in replay, how much faster than real time waiting passes.
+    :param replay_min_wait_s: in replay, the shortest real wait of a deferral (default
+        ``$CARBONFLOW_REPLAY_MIN_WAIT_S`` or 15 s: Airflow's scheduler races triggers that fire at once).
     :param max_replans: how often a re-plan on waking may move the start.
     :param replan_interval_s: wake at least this often while waiting to re-check the forecast.
     :param conn_ids: Airflow connection ids per keyed provider (electricitymaps, watttime, carbon_aware_sdk).
@@ -68,6 +71,7 @@ class CarbonAwareTrainingOperator(BaseOperator):
         replay: bool | None = None,
         replay_start: str | None = None,
         replay_speedup: float = 3600.0,
+        replay_min_wait_s: float | None = None,
         max_replans: int = 3,
         replan_interval_s: float = 3 * 3600.0,
         deferrable: bool = True,
@@ -86,6 +90,9 @@ class CarbonAwareTrainingOperator(BaseOperator):
         self.replay = replay
         self.replay_start = replay_start
         self.replay_speedup = replay_speedup
+        if replay_min_wait_s is None:
+            replay_min_wait_s = float(os.environ.get("CARBONFLOW_REPLAY_MIN_WAIT_S", "15"))
+        self.replay_min_wait_s = replay_min_wait_s
         self.max_replans = max_replans
         self.replan_interval_s = replan_interval_s
         self.deferrable = deferrable
@@ -226,7 +233,12 @@ class CarbonAwareTrainingOperator(BaseOperator):
                 )
                 self.defer(
                     trigger=CarbonWindowTrigger(
-                        wake.isoformat(), clock.offset_s, speedup, reason=f"start of {plan.job}", state=state
+                        wake.isoformat(),
+                        clock.offset_s,
+                        speedup,
+                        reason=f"start of {plan.job}",
+                        state=state,
+                        min_real_wait_s=self.replay_min_wait_s if source.replay else 0.0,
                     ),
                     method_name="execute_complete",
                 )

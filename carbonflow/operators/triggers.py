@@ -49,9 +49,11 @@ class CarbonWindowTrigger(BaseTrigger):
         speedup: float = 1.0,
         reason: str = "",
         state: dict[str, Any] | None = None,
+        min_real_wait_s: float = 0.0,
     ) -> None:
         super().__init__()
         self.state = state
+        self.min_real_wait_s = float(min_real_wait_s)
         self.wake_at = wake_at
         self.clock_offset_s = float(clock_offset_s)
         self.speedup = float(speedup)
@@ -69,6 +71,7 @@ class CarbonWindowTrigger(BaseTrigger):
                 "speedup": self.speedup,
                 "reason": self.reason,
                 "state": self.state,
+                "min_real_wait_s": self.min_real_wait_s,
             },
         )
 
@@ -77,7 +80,9 @@ class CarbonWindowTrigger(BaseTrigger):
         started_real = datetime.now(UTC)
         started_clock = started_real + timedelta(seconds=self.clock_offset_s)
         remaining_clock_s = (target - started_clock).total_seconds()
-        real_wait_s = max(remaining_clock_s, 0.0) / self.speedup
+        # A replayed wait is compressed, but not below min_real_wait_s: a trigger that fires within a
+        # second of deferral races Airflow 3.3's scheduler (apache/airflow#67287).
+        real_wait_s = max(max(remaining_clock_s, 0.0) / self.speedup, self.min_real_wait_s)
         self.log.info(
             "waiting until %s (%s): %.0f s of operator clock, %.1f s real", self.wake_at, self.reason,
             max(remaining_clock_s, 0.0), real_wait_s,

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             step += 1
             samples += len(xb) * world_size
             training.report(step, samples, loss=loss.item(), epoch=epoch)
-            if training.should_stop():
+            if _agreed_stop(training.should_stop(), world_size):
                 stopped = True
                 break
         if stopped:
@@ -129,6 +129,18 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         print(json.dumps(result))
     return 0
+
+
+def _agreed_stop(local_stop: bool, world_size: int) -> bool:
+    """Stop only when every rank stops at the same step (a lone rank leaving would hang the others' allreduce)."""
+    if world_size == 1:
+        return local_stop
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if local_stop else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def steps_per_epoch(batch_size: int, containers: int = 1) -> int:
