@@ -72,14 +72,19 @@ def test_none_limit_changes_nothing(fake_nvml, journal_dir):
 def test_sigterm_in_process_restores_then_exits(fake_nvml, journal_dir):
     fake_nvml.setup(FOUR_GPUS)
     before = fake_nvml.limits_mw()
-    old = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(SystemExit) as info, applied_power_limit(nvml_devices(), 200):
-        assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None)
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)  # the handler interrupts this
-    assert info.value.code == 128 + signal.SIGTERM
-    assert fake_nvml.limits_mw() == before
-    assert signal.getsignal(signal.SIGTERM) == old
+    # As in a fresh wrapper process: no SIGTERM handler yet (earlier tests in this pytest process,
+    # e.g. Airflow's task runner, may have installed one).
+    old = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with pytest.raises(SystemExit) as info, applied_power_limit(nvml_devices(), 200):
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN, None)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler interrupts this
+        assert info.value.code == 128 + signal.SIGTERM
+        assert fake_nvml.limits_mw() == before
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def test_sigint_in_process_restores_and_chains_to_previous_handler(fake_nvml, journal_dir):
