@@ -14,7 +14,6 @@ pytestmark = pytest.mark.slow
 
 
 def test_nightly_retrain_leaves_a_complete_mlflow_run_per_job(dag_bag) -> None:
-    from airflow.models.dagbag import DagBag
     from mlflow import MlflowClient
 
     from carbonflow.tracking import schema as s
