@@ -68,6 +68,8 @@ def find_dags_folder() -> Path:
 def run_demo(home: Path, console: Console | None = None) -> int:
     """Run the demo; returns a process exit code."""
     console = console or Console()
+    if not console.is_terminal and console.width < 120:
+        console.width = 120  # piped output (logs, CI): room for the table instead of 80 columns
     home = home.resolve()
     dags_folder = find_dags_folder()
     env = demo_env(home, dags_folder)
@@ -154,7 +156,7 @@ def _when(iso: str | None) -> str:
     if not iso:
         return "–"
     try:
-        return datetime.fromisoformat(iso).strftime("%Y-%m-%d %H:%M UTC")
+        return datetime.fromisoformat(iso).strftime("%m-%d %H:%M UTC")
     except ValueError:
         return iso
 
@@ -172,16 +174,16 @@ def print_summary(console: Console, runs: list[dict[str, Any]]) -> None:
     from carbonflow.tracking import schema as s
 
     table = Table(title="carbonflow nightly_retrain — one night (replayed carbon data)", show_lines=True)
-    for column in ("job", "chosen configuration", "planned start (replay)", "energy kJ pred / meas",
-                   "emissions g pred / meas", "test acc.", "saving vs start now @ default"):  # fmt: skip
-        table.add_column(column)
+    for column in ("job", "configuration", "start (replay)", "energy kJ pred/meas", "g CO2e pred/meas",
+                   "test acc.", "saving vs now @ default"):  # fmt: skip
+        table.add_column(column, no_wrap=column == "job")
     for run in runs:
         m, p = run["metrics"], run["params"]
         saving_g, fraction = m.get(s.M_SAVING_G), m.get(s.M_SAVING_FRACTION)
         saving = "–" if saving_g is None else f"{saving_g:.3f} g ({(fraction or 0) * 100:.1f} %)"
         table.add_row(
             run["job"],
-            f"{p.get(s.P_CONTAINERS)} container(s), {p.get(s.P_POWER_LIMIT_W)} W",
+            f"{p.get(s.P_CONTAINERS)}× @ {p.get(s.P_POWER_LIMIT_W)} W",
             _when(p.get(s.P_PLANNED_START)),
             f"{_kj(m.get(s.M_PREDICTED_ENERGY_TOTAL_J))} / {_kj(m.get(s.M_ENERGY_TOTAL_J))}",
             f"{_g(m.get(s.M_PREDICTED_EMISSIONS_G))} / {_g(m.get(s.M_EMISSIONS_G))}",
