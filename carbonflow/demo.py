@@ -135,21 +135,47 @@ def latest_training_runs(uri: str, jobs: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def _devices(run_id: str) -> list[dict[str, Any]]:
-    """Per-device energy of a run, from its result.json artifact."""
+def _artifact_json(run_id: str, name: str) -> dict[str, Any]:
+    """A JSON artifact of a run ({} when it cannot be read: the summary must still print)."""
     import json
     import tempfile
 
     from mlflow import MlflowClient
 
-    from carbonflow.tracking import schema
-
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            path = MlflowClient().download_artifacts(run_id, schema.A_RESULT, tmp)
+            path = MlflowClient().download_artifacts(run_id, name, tmp)
         except Exception:  # an artifact store hiccup must not hide the summary
-            return []
-        return list(json.loads(Path(path).read_text(encoding="utf-8")).get("devices", []))
+            return {}
+        return dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def _devices(run_id: str) -> list[dict[str, Any]]:
+    """Per-device energy of a run, from its result.json artifact."""
+    from carbonflow.tracking import schema
+
+    return list(_artifact_json(run_id, schema.A_RESULT).get("devices", []))
+
+
+def _alternatives(run_id: str, most: int = 3) -> list[dict[str, Any]]:
+    """The best feasible start of each other configuration the planner weighed, from plan.json."""
+    from carbonflow.tracking import schema
+
+    plan = _artifact_json(run_id, schema.A_PLAN)
+    chosen = plan.get("config", {})
+    best: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for alt in plan.get("alternatives", []):
+        config = alt.get("config", {})
+        key = (config.get("containers"), config.get("power_limit_w"))
+        if not alt.get("feasible") or key == (chosen.get("containers"), chosen.get("power_limit_w")):
+            continue
+        if key not in best or alt.get("cost", 0.0) < best[key].get("cost", 0.0):
+            best[key] = alt
+    return sorted(best.values(), key=lambda a: a.get("cost", 0.0))[:most]
+
+
+def _w(limit: float | None) -> str:
+    return "default limit" if limit is None else f"{limit:g} W"
 
 
 def _when(iso: str | None) -> str:
@@ -201,6 +227,14 @@ def print_summary(console: Console, runs: list[dict[str, Any]]) -> None:
             f"{m.get(s.M_CARBON_INTENSITY_MEAN):.3f} test_accuracy={m.get(s.M_TEST_ACCURACY, float('nan')):.4f}",
             soft_wrap=True,
         )
+        for alt in _alternatives(run["run_id"]):
+            config = alt["config"]
+            console.print(
+                f"    also considered: {config['containers']}× @ {_w(config.get('power_limit_w'))} from "
+                f"{_when(alt['start'])}: {alt['predicted_energy_j'] / 1000:.2f} kJ, "
+                f"{alt['predicted_emissions_g']:.3f} g",
+                soft_wrap=True,
+            )
         for device in _devices(run["run_id"]):
             console.print(
                 f"    {device['kind']} {device['device_model']}: {device['energy_j']:.1f} J ({device['label']})",
