@@ -334,6 +334,20 @@ class NesoProvider(_HttpProvider):
         return out
 
 
+def _intensity_pairs(body: object, key: str, region: str) -> list[tuple[datetime, object]]:
+    """(datetime, carbonIntensity) of an Electricity Maps answer's ``key`` list; malformed items are skipped."""
+    items = body.get(key) if isinstance(body, dict) else None
+    if not isinstance(items, list):
+        raise ProviderUnavailable(f"electricitymaps: answer for {region} has no {key!r} list")
+    pairs = []
+    for item in items:
+        try:
+            pairs.append((parse_utc(item["datetime"]), item.get("carbonIntensity")))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return pairs
+
+
 class ElectricityMapsProvider(_HttpProvider):
     """Electricity Maps API v3 with an ``auth-token`` header; zones like ``DE``, ``US-CAL-CISO``."""
 
@@ -375,15 +389,7 @@ class ElectricityMapsProvider(_HttpProvider):
         resp = self._get("/carbon-intensity/forecast", params=self._params(region), headers=headers,
                          expire_after=self._slot_expiry_s(now))
         body = self._json(resp, f"forecast of {region}")
-        items = body.get("forecast") if isinstance(body, dict) else None
-        if not isinstance(items, list):
-            raise ProviderUnavailable(f"electricitymaps: answer for {region} has no 'forecast' list")
-        pairs = []
-        for item in items:
-            try:
-                pairs.append((parse_utc(item["datetime"]), item.get("carbonIntensity")))
-            except (KeyError, TypeError, ValueError, AttributeError):
-                continue
+        pairs = _intensity_pairs(body, "forecast", region)
         end = now + timedelta(seconds=horizon_s)
         points = [p for p in _points(pairs, 3600.0) if p.end > now and p.start < end]
         if not points:
@@ -403,16 +409,7 @@ class ElectricityMapsProvider(_HttpProvider):
             self._get("/carbon-intensity/history", params=self._params(region), headers=self._headers()),
             f"history of {region}",
         )
-        items = body.get("history") if isinstance(body, dict) else None
-        if not isinstance(items, list):
-            raise ProviderUnavailable(f"electricitymaps: answer for {region} has no 'history' list")
-        pairs = []
-        for item in items:
-            try:
-                pairs.append((parse_utc(item["datetime"]), item.get("carbonIntensity")))
-            except (KeyError, TypeError, ValueError, AttributeError):
-                continue
-        points = _points(pairs, 3600.0)
+        points = _points(_intensity_pairs(body, "history", region), 3600.0)
         if start is not None and end is not None:
             points = [p for p in points if p.end > start and p.start < end]
         return points
