@@ -5,6 +5,15 @@ See the docstrings of :mod:`.costs`, :mod:`.optimizer`, :mod:`.colocation` and :
 signatures other parts call.
 """
 
+from carbonflow.planning.capacity import (
+    CapacityLedger,
+    ClusterLoad,
+    choose_start_with_delay_cost,
+    deferral_budget_s,
+    partner_slowdown_bound,
+    power_limit_under_load,
+    waiting_slowdown_bound,
+)
 from carbonflow.planning.colocation import (
     PairProfile,
     Separation,
@@ -42,6 +51,8 @@ from carbonflow.planning.optimizer import (
 __all__ = [
     "BatchSizeExplorer",
     "Candidate",
+    "CapacityLedger",
+    "ClusterLoad",
     "Correction",
     "DeadlineError",
     "IntensityIntegral",
@@ -54,6 +65,8 @@ __all__ = [
     "choose_batch_size",
     "choose_colocation_pairs",
     "choose_power_limit",
+    "choose_start_with_delay_cost",
+    "deferral_budget_s",
     "edp",
     "eds",
     "energy_gain_minus_time_loss_pct",
@@ -62,12 +75,15 @@ __all__ = [
     "pair_timeline",
     "pareto_alternatives",
     "pareto_front",
+    "partner_slowdown_bound",
     "plan_job",
     "plan_night",
+    "power_limit_under_load",
     "predict_candidates",
     "predict_pair_slowdown",
     "separate_if_slow",
     "shrink_forecast",
+    "waiting_slowdown_bound",
     "work_samples",
     "zeus_cost",
 ]

@@ -19,6 +19,7 @@ API::
     simulate(ctx, policy) -> SimResult;  SimResult.summary() -> dict
     standard_policies(objective="energy", max_slowdown=None) -> list[policy]
     calibrate_gpus(experiment, target_median_queue_s) -> int
+    NodeModel.from_acme_cdfs(path) -> NodeModel;  node_accounting(result, node_model, grid) -> dict
 """
 
 from carbonflow.simulation.devices import DeviceModel
@@ -27,6 +28,7 @@ from carbonflow.simulation.experiment import Experiment, Run, calibrate_gpus, re
 from carbonflow.simulation.families import Families, assign_job_types, derive_families
 from carbonflow.simulation.grid import CarbonGrid, GridError, constant_grid, grid_from_trace_file
 from carbonflow.simulation.interference import GAVEL_TO_ZEUS, PairTable, PairTableError, load_pair_table
+from carbonflow.simulation.nodes import NodeModel, node_accounting
 from carbonflow.simulation.policies import FifoPolicy, PlannerPolicy, standard_policies
 from carbonflow.simulation.trace import JobTrace, TraceError, load_philly_csv, synthetic_trace
 
@@ -40,6 +42,7 @@ __all__ = [
     "FifoPolicy",
     "GridError",
     "JobTrace",
+    "NodeModel",
     "PairTable",
     "PairTableError",
     "PlannerPolicy",
@@ -57,6 +60,7 @@ __all__ = [
     "grid_from_trace_file",
     "load_pair_table",
     "load_philly_csv",
+    "node_accounting",
     "relative_to",
     "simulate",
     "standard_policies",

@@ -11,8 +11,11 @@ power limit), so a job alone at the default limit finishes exactly when the trac
 
 Energy is integrated per GPU between changes of what runs on it; emissions integrate the same power
 against the replayed grid (:class:`carbonflow.simulation.grid.CarbonGrid`). Idle GPUs are not
-counted (assumed powered down or outside the energy boundary). Cost: O(jobs · log jobs) for
-exclusive policies; co-location adds O(job types) per placement.
+counted (assumed powered down or outside the energy boundary); the GPU allocations are kept in the
+result so that :mod:`carbonflow.simulation.nodes` can add servers' host and idle power as a second,
+labelled accounting. A policy with ``retune_power`` is asked for the power limit of every job running
+alone each time the queue turns empty or non-empty (capacity-aware capping). Cost: O(jobs · log jobs)
+for exclusive policies; co-location adds O(job types) per placement.
 
 The engine decides nothing itself: release times, power limits, partners and whether an observed
 pair stays together all come from the :class:`Policy`.
@@ -108,6 +111,8 @@ class SimContext:
     """Work a running job has done so far, in seconds of its trace run time (its progress reports)."""
     queued: Callable[[], int] = field(default=lambda: 0, repr=False)
     """Jobs waiting in the cluster queue right now (what the cluster's scheduler shows)."""
+    free_gpus: Callable[[], int] = field(default=lambda: 0, repr=False)
+    """GPUs with nothing running on them right now."""
 
 
 class Policy(Protocol):
@@ -115,6 +120,9 @@ class Policy(Protocol):
 
     name: str
     colocate: bool
+    retune_power: bool
+    """Ask ``power_limit_w`` again for every running job alone on its GPU(s) whenever the queue turns from
+    empty to non-empty or back (a capacity-aware policy caps only while nobody waits)."""
 
     def bind(self, ctx: SimContext) -> None:
         """Called once before the run."""
@@ -164,6 +172,12 @@ class SimResult:
     splits: int
     label: str
     notes: list[str] = field(default_factory=list)
+    alloc_start_s: np.ndarray | None = None
+    """GPU allocations (an exclusive job, or a GPU shared by up to two jobs): start, end and GPU count.
+    The node accounting (:mod:`carbonflow.simulation.nodes`) reads these."""
+    alloc_end_s: np.ndarray | None = None
+    alloc_gpus: np.ndarray | None = None
+    retunes: int = 0
 
     def summary(self) -> dict[str, float | int | str]:
         jct = self.end_s - self.submit_s
@@ -185,6 +199,7 @@ class SimResult:
             "deadline_misses": int(np.sum(self.end_s > self.deadline_s + 1e-6)),
             "colocated_jobs": int(np.sum(self.colocated)),
             "pair_splits": self.splits,
+            "power_retunes": self.retunes,
             "mean_power_limit_w": float(np.average(self.power_limit_w, weights=self.num_gpus)),
             "makespan_s": span,
             "label": self.label,
@@ -209,6 +224,7 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
 
     ctx.progress_s = progress_s
     ctx.queued = lambda: len(queue)
+    ctx.free_gpus = lambda: free
     policy.bind(ctx)
     submit, dur, gpus, jtype = jobs.submit_s, jobs.duration_s, jobs.num_gpus, jobs.job_type
     keep = ctx.pairs.keep.tolist()
@@ -216,6 +232,7 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
     solo = devices.solo
     grid_integral = ctx.grid.integral
     colocate = policy.colocate
+    retune_power = getattr(policy, "retune_power", False)
     n_types = len(ctx.pairs)
 
     start = [math.nan] * n
@@ -230,6 +247,10 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
     pw = [0.0] * n
     sd = [1.0] * n
     host_of = [-1] * n
+    seg0 = [0.0] * n  # start of an exclusive job's current power segment (its power changes on a retune)
+    running: set[int] = set()
+    host_opened: dict[int, float] = {}
+    host_spans: list[tuple[float, float, int]] = []
 
     host_jobs: dict[int, list[int]] = {}
     host_t0: dict[int, float] = {}
@@ -289,6 +310,7 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
         host_limit[h] = lim
         g = gpus[j]
         host_g[h] = g
+        host_opened[h] = t
         if g == 1 or share_multi:
             if g not in open_by:
                 open_by[g] = [set() for _ in range(n_types)]
@@ -296,6 +318,7 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
         free -= g
         host_of[j] = h
         start[j] = t
+        running.add(j)
         rem[j], last[j], rate[j] = dur[j], t, 1.0 / s
         reschedule(j, t)
         policy.job_started(j, t, limit_of[j])
@@ -319,6 +342,7 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
         pw[k], sd[k] = solo(jtype[k], lim)
         host_jobs[h].append(j)
         host_of[j] = h
+        running.add(j)
         host_power[h] = devices.shared_power_w(p, pw[k], lim)
         start[j] = t
         colocated[j] = colocated[k] = True
@@ -376,7 +400,9 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
             lim = policy.power_limit_w(j, t)
             p, s = solo(jtype[j], lim)
             limit_of[j], pw[j], sd[j] = lim, p, s
-            start[j] = t
+            start[j] = seg0[j] = t
+            if retune_power:
+                running.add(j)
             rem[j], last[j], rate[j] = dur[j], t, 1.0 / s
             seq += 1
             heappush(heap, (t + dur[j] * s, seq, _FINISH, j, ver[j]))
@@ -386,6 +412,7 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
         nonlocal free, state_ver
         state_ver += 1
         end[j] = t
+        running.discard(j)
         h = host_of[j]
         if h < 0:  # exclusive: its energy and emissions are summed, vectorised, after the run
             free += gpus[j]
@@ -403,10 +430,40 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
                 if opens is not None:
                     opens[jtype[k]].add(h)
             else:
+                host_spans.append((host_opened.pop(h), t, g))
                 del host_jobs[h], host_t0[h], host_power[h], host_limit[h], host_g[h]
                 free += g
         policy.finished(j, t)
 
+    retunes = 0
+
+    def retune(t: float) -> None:
+        """The queue changed between empty and non-empty: ask the policy for each lone job's power limit."""
+        nonlocal energy, carbon_int, retunes
+        for k in list(running):
+            h = host_of[k]
+            if h >= 0 and len(host_jobs[h]) != 1:
+                continue  # a shared GPU keeps the pair's limit
+            lim = policy.power_limit_w(k, t)
+            if lim == limit_of[k]:
+                continue
+            retunes += 1
+            limit_of[k] = lim
+            if h >= 0:
+                close(h, t)
+                host_limit[h] = lim
+                pw[k], sd[k] = solo(jtype[k], lim)
+                host_power[h] = pw[k]
+                set_rate(k, t, 1.0 / sd[k])
+            else:
+                watts = gpus[k] * pw[k]
+                energy += watts * (t - seg0[k])
+                carbon_int += watts * grid_integral(seg0[k], t)
+                seg0[k] = t
+                pw[k], sd[k] = solo(jtype[k], lim)
+                set_rate(k, t, 1.0 / sd[k])
+
+    waiting = False
     ai = 0
     inf = math.inf
     while ai < n or heap:
@@ -420,6 +477,9 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
             else:
                 heapq.heappush(queue, j)  # a deferred job keeps its place by submission time
             try_start(t)
+            if retune_power and waiting != (len(queue) > 0):
+                waiting = not waiting
+                retune(t)
         else:
             j = ai
             ai += 1
@@ -432,16 +492,21 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
             heapq.heappush(queue, j)
             if len(queue) == 1:  # strict FIFO: a job behind a blocked head cannot start either
                 try_start(t_arr)
+            if retune_power and waiting != (len(queue) > 0):
+                waiting = not waiting
+                retune(t_arr)
     if queue:
         raise SimulationError(f"{len(queue)} jobs never started (policy {policy.name!r})")
 
     start_a, end_a, gpus_a = np.asarray(start), np.asarray(end), np.asarray(gpus, dtype=float)
     excl = np.asarray(host_of) < 0
+    seg_a = np.asarray(seg0)
     if np.any(excl):
         watts = gpus_a[excl] * np.asarray(pw)[excl]
-        energy += float(np.sum(watts * (end_a[excl] - start_a[excl])))
-        carbon_int += float(np.sum(watts * ctx.grid.integral_many(start_a[excl], end_a[excl])))
+        energy += float(np.sum(watts * (end_a[excl] - seg_a[excl])))
+        carbon_int += float(np.sum(watts * ctx.grid.integral_many(seg_a[excl], end_a[excl])))
         busy += float(np.sum(gpus_a[excl] * (end_a[excl] - start_a[excl])))
+    spans = np.asarray(host_spans, dtype=float).reshape(-1, 3)
 
     return SimResult(
         policy=policy.name,
@@ -459,4 +524,8 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
         busy_gpu_s=busy,
         splits=splits,
         label=f"simulated ({jobs.label} jobs)",
+        alloc_start_s=np.concatenate([start_a[excl], spans[:, 0]]),
+        alloc_end_s=np.concatenate([end_a[excl], spans[:, 1]]),
+        alloc_gpus=np.concatenate([gpus_a[excl], spans[:, 2]]),
+        retunes=retunes,
     )

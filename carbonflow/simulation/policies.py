@@ -16,6 +16,13 @@
   has no backlog (with a queue, a deferred job's GPUs go to a queued job that runs now instead), and
   using at most ``shift_slack_use`` (default half) of the job's slack, the rest kept for queueing.
 * ``carbonflow`` — all three together.
+* ``capacity_aware=True`` (the ``carbonflow-capacity`` rows) — the same planner calls, bounded by the
+  cluster's load through :mod:`carbonflow.planning.capacity`: a power cap only while nobody waits (running
+  jobs are re-tuned to the default limit when a queue forms, and capped again when it empties); a job that
+  would wait for a GPU may share one if its completion stays within ``(1 + max_slowdown)`` × what waiting
+  (the recent mean wait) would give, and its partner may then slow by ``congestion_slowdown`` more, both
+  within their deadlines; a start is deferred only by ``shift_jct_budget`` of the job's expected completion
+  time, to the lowest-carbon start whose GPUs are not already booked by other deferred jobs.
 
 What a policy knows about a job before it runs is what carbonflow would know: the longest of its
 family's last ``history_runs`` realised durations (history), its job type's power curve (profile) and
@@ -30,11 +37,20 @@ from collections import deque
 
 from carbonflow.carbon.windows import choose_start
 from carbonflow.planning import (
+    CapacityLedger,
+    ClusterLoad,
     PairProfile,
     choose_colocation_pairs,
     choose_power_limit,
     pair_timeline,
     predict_pair_slowdown,
+)
+from carbonflow.planning.capacity import (
+    choose_start_with_delay_cost,
+    deferral_budget_s,
+    partner_slowdown_bound,
+    power_limit_under_load,
+    waiting_slowdown_bound,
 )
 from carbonflow.simulation.engine import SimContext
 
@@ -46,6 +62,7 @@ class FifoPolicy:
 
     name = "fifo"
     colocate = False
+    retune_power = False
 
     def bind(self, ctx: SimContext) -> None:
         self.ctx = ctx
@@ -89,6 +106,11 @@ class PlannerPolicy(FifoPolicy):
         history_runs: int = 5,
         decision_granularity_s: float = 300.0,
         shift_slack_use: float = 0.5,
+        capacity_aware: bool = False,
+        headroom_gpus: int = 0,
+        congestion_slowdown: float = 0.0,
+        shift_jct_budget: float = 0.0,
+        delay_cost_g_per_s: float = 0.0,
     ) -> None:
         if not 0 <= shift_slack_use <= 1:
             raise ValueError(f"shift_slack_use={shift_slack_use} is not allowed; it must be between 0 and 1")
@@ -104,6 +126,12 @@ class PlannerPolicy(FifoPolicy):
         self.history_runs = history_runs
         self.decision_granularity_s = decision_granularity_s
         self.shift_slack_use = shift_slack_use
+        self.capacity_aware = capacity_aware
+        self.retune_power = capacity_aware and power_limit
+        self.headroom_gpus = headroom_gpus
+        self.congestion_slowdown = congestion_slowdown
+        self.shift_jct_budget = shift_jct_budget
+        self.delay_cost_g_per_s = delay_cost_g_per_s
 
     def bind(self, ctx: SimContext) -> None:
         super().bind(ctx)
@@ -121,6 +149,9 @@ class PlannerPolicy(FifoPolicy):
         self.runnable_pair: dict[tuple[int, int], bool] = {}
         self.shift_cache: dict[tuple[int, int, int], float] = {}
         self.pair_decisions = 0
+        self.long_waits: deque[float] = deque(maxlen=500)  # recent delays of jobs that did wait (s)
+        self.ledger = CapacityLedger(ctx.cluster.gpus) if self.capacity_aware and self.shift else None
+        self.booked: dict[int, tuple[float, float, int]] = {}  # deferred job -> its ledger booking
 
     # -- history ---------------------------------------------------------------------------------------
     def _predicted_duration_s(self, job: int) -> float | None:
@@ -134,7 +165,13 @@ class PlannerPolicy(FifoPolicy):
         pred = self._predicted_duration_s(job)
         if pred is not None:
             self.predicted[job] = pred
-        self.waits.append(now_s - self.released_at.pop(job, now_s))
+        wait = now_s - self.released_at.pop(job, now_s)
+        self.waits.append(wait)
+        if wait > 0:
+            self.long_waits.append(wait)
+        booking = self.booked.pop(job, None)
+        if booking is not None and self.ledger is not None:
+            self.ledger.remove(*booking)
 
     def finished(self, job: int, now_s: float) -> None:
         # the work of this run in seconds alone at the default limit (what its progress reports give)
@@ -166,6 +203,9 @@ class PlannerPolicy(FifoPolicy):
                 default_power_limit_w=self.default_limit_w,
             )
             self.limit_by_type[t] = limit
+        if self.capacity_aware:
+            load = ClusterLoad(self.ctx.queued(), self.ctx.free_gpus(), self.ctx.cluster.gpus)
+            return power_limit_under_load(limit, self.default_limit_w, load, self.headroom_gpus)
         return limit
 
     # -- carbon shifting -------------------------------------------------------------------------------
@@ -176,7 +216,43 @@ class PlannerPolicy(FifoPolicy):
         w = sorted(self.waits)
         return w[min(len(w) - 1, int(0.99 * len(w)))]
 
+    def _expected_wait_s(self) -> float:
+        """Mean delay of the recent jobs that had to wait for GPUs (0 before any did)."""
+        return sum(self.long_waits) / len(self.long_waits) if self.long_waits else 0.0
+
+    def _release_within_budget(self, job: int, now_s: float, pred: float) -> float:
+        """Capacity-aware shifting: the lowest-carbon start within the job's deferral budget and free capacity."""
+        jobs = self.ctx.jobs
+        t = jobs.job_type[job]
+        g = jobs.num_gpus[job]
+        run_s = pred * self.ctx.devices.solo(t, self.limit_by_type.get(t, self.default_limit_w))[1]
+        budget = deferral_budget_s(run_s, self.shift_jct_budget, self._expected_wait_s())
+        latest = min(now_s + budget, jobs.deadline_s[job] - pred * (1 + self.max_slowdown) - self._queue_margin_s())
+        step = self.decision_granularity_s
+        if latest < now_s + step:
+            return now_s
+        busy = self.ctx.cluster.gpus - self.ctx.free_gpus()
+        ledger = self.ledger
+        integral = self.ctx.grid.integral
+        watts = g * self.ctx.devices.solo(t, self.default_limit_w)[0]
+        start = choose_start_with_delay_cost(
+            lambda s: watts * integral(s, s + run_s) / 3.6e6,
+            now_s,
+            latest,
+            step,
+            self.delay_cost_g_per_s,
+            fits=lambda s: busy + ledger.peak_gpus(s, s + run_s) + g <= ledger.total_gpus,
+        )
+        if start > now_s:
+            self.booked[job] = (start, start + run_s, g)
+            ledger.add(start, start + run_s, g)
+            self.released_at[job] = start
+        return start
+
     def release_s(self, job: int, now_s: float) -> float:
+        if self.shift and self.capacity_aware and self.ctx.queued() == 0:
+            pred = self._predicted_duration_s(job)
+            return now_s if pred is None else self._release_within_budget(job, now_s, pred)
         if not self.shift or self.ctx.queued() > 0:
             # with a backlog, deferring a job only hands its GPUs to a queued job that runs now instead:
             # the cluster's work per slot is fixed by its capacity, so there is no carbon to gain
@@ -281,6 +357,22 @@ class PlannerPolicy(FifoPolicy):
             # slowdown budgets: each job must end within (1 + max_slowdown) x its predicted default run time
             bounds[me] = (1 + self.max_slowdown) / sj - 1
             bounds[other] = ((1 + self.max_slowdown) * pred_k - (now_s - self.started_at[k])) / solo_k - 1
+            if self.capacity_aware and free_gpus < jobs.num_gpus[job]:
+                # no GPU of its own now: sharing is weighed against waiting, and the partner may give a little
+                # more while others wait; both still have to finish before their deadlines
+                margin = self._queue_margin_s()
+                bounds[me] = min(
+                    waiting_slowdown_bound(solo_j, self._expected_wait_s(), self.max_slowdown),
+                    (jobs.deadline_s[job] - now_s - margin) / solo_j - 1,
+                )
+                bounds[other] = partner_slowdown_bound(
+                    solo_k,
+                    now_s - self.started_at[k],
+                    pred_k,
+                    self.max_slowdown,
+                    jobs.deadline_s[k] - now_s - margin,
+                    self.congestion_slowdown,
+                )
             slowdowns[(me, other)] = slow
             savings[(me, other)] = pj * solo_j + pk * solo_k - (prof.power_w * tl.overlap_s + tail_w * tl.tail_s)
         if not slowdowns:
