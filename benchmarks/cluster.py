@@ -13,12 +13,17 @@ Everything here is **simulated** (trace-driven replay):
 * devices — power and speed per power limit from Zeus's V100 measurements of the workload mapped to
   each Gavel model (carbonflow.energy.simulated.ZeusPowerModel); a shared GPU draws
   ``shared_power_factor`` × the higher solo power, capped at its limit (assumption; sensitivity rows);
-  idle GPUs are not counted;
+  idle GPUs are not counted (headline accounting). A second, labelled accounting counts whole servers
+  (carbonflow.simulation.nodes): 8-GPU servers, ideal packing, empty servers powered down, host and idle-GPU
+  power from Acme's measured distributions (A100 servers; sensitivity rows scale the host power);
 * grid — a replayed carbon trace (default: Germany 2020, Let's Wait Awhile, 15-min), aligned by calendar
   date; the replayed actuals serve as the forecast (perfect foresight), choose_start's robust margin on;
 * cluster size — the smallest cluster whose FIFO baseline keeps the mean queueing delay at or below
   Philly's reported mean (Acme's cluster_summary.csv, 3,761 s) unless ``--gpus`` is given;
-* service level — each job's finish-by = submit + (1 + max_slowdown) × run time + slack (8 h).
+* service level — each job's finish-by = submit + (1 + max_slowdown) × run time + slack (8 h);
+* policies — ``carbonflow`` is the capacity-aware joint policy (carbonflow.planning.capacity: caps only
+  while nobody waits, shares a GPU when the alternative is waiting, defers by at most ``--shift-budget`` of
+  a job's expected completion time); the ``-load-blind`` rows are the same planner without those bounds.
 
 Run: ``python benchmarks/cluster.py [--trace FILE] [--carbon FILE] [--whole] [--quick]``.
 Writes benchmarks/results/cluster.json and benchmarks/results/cluster.png.
@@ -42,11 +47,13 @@ from carbonflow.simulation import (
     DeviceModel,
     Experiment,
     FifoPolicy,
+    NodeModel,
     PlannerPolicy,
     calibrate_gpus,
     grid_from_trace_file,
     load_pair_table,
     load_philly_csv,
+    node_accounting,
     relative_to,
 )
 
@@ -55,6 +62,7 @@ RESULTS = ROOT / "results"
 DATA = Path("/work/shared/data")
 DEFAULT_TRACE = DATA / "traces/philly_pollux/philly_jobs_until_2017-11-30.csv"
 DEFAULT_CARBON = DATA / "carbon/lets-wait-awhile/ger_ci.csv"
+ACME_CDFS = DATA / "traces/acme/acme_utilization_power_cdfs.csv"
 ACME_SUMMARY = DATA / "traces/acme/cluster_summary.csv"
 TARGETS = {"energy_reduction_vs_fifo": 0.39, "mean_jct_increase_vs_fifo": 0.032, "deadline_misses": 0}
 
@@ -68,15 +76,53 @@ def philly_mean_queue_s() -> float:
     raise SystemExit(f"{ACME_SUMMARY}: no Philly row")
 
 
-def policies(objective: str, max_slowdown: float | None) -> list[FifoPolicy]:
+def capacity_policy(
+    name: str,
+    *,
+    power_limit: bool = True,
+    colocate: bool = True,
+    shift: bool = True,
+    objective: str = "energy",
+    max_slowdown: float | None = None,
+    shift_budget: float = 0.01,
+) -> PlannerPolicy:
+    """carbonflow with the capacity-aware bounds of carbonflow.planning.capacity."""
+    return PlannerPolicy(
+        name,
+        power_limit=power_limit,
+        colocate=colocate,
+        shift=shift,
+        objective=objective,
+        max_slowdown=max_slowdown,
+        capacity_aware=True,
+        shift_jct_budget=shift_budget,
+    )
+
+
+def policies(objective: str, max_slowdown: float | None, shift_budget: float) -> list[FifoPolicy]:
     ms = max_slowdown
     return [
         FifoPolicy(),
         PlannerPolicy("power-limit", power_limit=True, objective=objective, max_slowdown=ms),
         PlannerPolicy("colocation", colocate=True, objective=objective, max_slowdown=ms),
         PlannerPolicy("carbon-shift", shift=True, objective="carbon", max_slowdown=ms),
-        PlannerPolicy("carbonflow", power_limit=True, colocate=True, shift=True, objective=objective, max_slowdown=ms),
-        PlannerPolicy("carbonflow-no-shift", power_limit=True, colocate=True, objective=objective, max_slowdown=ms),
+        capacity_policy("carbonflow", objective=objective, max_slowdown=ms, shift_budget=shift_budget),
+        capacity_policy("carbonflow-no-shift", shift=False, objective=objective, max_slowdown=ms),
+        capacity_policy("power-limit-capacity", colocate=False, shift=False, objective=objective, max_slowdown=ms),
+        capacity_policy(
+            "carbon-shift-capacity",
+            power_limit=False,
+            colocate=False,
+            objective="carbon",
+            max_slowdown=ms,
+            shift_budget=TARGETS["mean_jct_increase_vs_fifo"],
+        ),
+        PlannerPolicy(
+            "carbonflow-load-blind", power_limit=True, colocate=True, shift=True, objective=objective, max_slowdown=ms
+        ),
+        PlannerPolicy(
+            "carbonflow-load-blind-no-shift", power_limit=True, colocate=True, objective=objective, max_slowdown=ms
+        ),
     ]
 
 
@@ -109,7 +155,7 @@ def plot(path: Path, rows: dict[str, dict], base: dict, title: str) -> None:
         ("mean_jct_s", "mean JCT"),
         ("p95_jct_s", "p95 JCT"),
     ]
-    fig, ax = plt.subplots(figsize=(10, 4.8))
+    fig, ax = plt.subplots(figsize=(12, 5.2))
     width = 0.8 / len(metrics)
     for i, (key, label) in enumerate(metrics):
         vals = [rows[n][key] / base[key] for n in names]
@@ -123,7 +169,7 @@ def plot(path: Path, rows: dict[str, dict], base: dict, title: str) -> None:
         label="EaCO energy target (0.61)",
     )
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))])
-    ax.set_xticklabels(names, rotation=15)
+    ax.set_xticklabels(names, rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("relative to exclusive FIFO")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8, ncol=3)
@@ -148,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shared-power-factor", type=float, default=1.2, help="shared GPU power / higher solo power")
     ap.add_argument("--objective", default="energy", help="planner objective for power limits and pairing")
     ap.add_argument("--seed", type=int, default=0, help="seed of the family -> job type draw")
+    ap.add_argument(
+        "--shift-budget", type=float, default=0.01, help="carbonflow's deferral budget (fraction of expected JCT)"
+    )
+    ap.add_argument("--acme", type=Path, default=ACME_CDFS, help="Acme power CDFs (server accounting's idle powers)")
     ap.add_argument("--out", type=Path, default=RESULTS / "cluster.json")
     args = ap.parse_args(argv)
 
@@ -194,18 +244,46 @@ def main(argv: list[str] | None = None) -> int:
     rels: dict[str, dict] = {}
     print()
     print(HEADER)
-    for pol in policies(args.objective, None):
+    results = {}
+    for pol in policies(args.objective, None, args.shift_budget):
         run = exp.run(pol)
         s = run.summary()
         rows[pol.name] = s
+        results[pol.name] = run.result
         base = rows["fifo"]
         rels[pol.name] = relative_to(s, base)
         print(fmt_row(pol.name, s, rels[pol.name]), f"  [{run.seconds:.1f} s]", flush=True)
     base = rows["fifo"]
 
+    node_model = NodeModel.from_acme_cdfs(args.acme)
+    nodes: dict[str, dict] = {}
+    node_rows = [n for n in ("fifo", "power-limit", "colocation", "carbonflow", "carbonflow-load-blind") if n in rows]
+    print(
+        f"\nserver accounting (additional; {node_model.gpus_per_node}-GPU servers, ideal packing, empty servers off; "
+        f"host {node_model.host_w:.0f} W + idle GPU {node_model.gpu_idle_w:.0f} W from {node_model.source}):"
+    )
+    variants = [
+        ("as measured", node_model),
+        ("host power x0.5", node_model.scaled(0.5)),
+        ("host power x1.5", node_model.scaled(1.5)),
+        ("servers never powered down", node_model.scaled(power_down_empty=False)),
+    ]
+    for label, model in variants:
+        base_n = node_accounting(results["fifo"], model, grid)
+        nodes[label] = {}
+        for name in node_rows:
+            nd = node_accounting(results[name], model, grid)
+            nd["energy_reduction_vs_fifo"] = 1 - nd["energy_j"] / base_n["energy_j"]
+            nd["emissions_reduction_vs_fifo"] = 1 - nd["emissions_g"] / base_n["emissions_g"]
+            nodes[label][name] = nd
+        print(
+            f"  {label:28s} FIFO {base_n['energy_kwh']:8.0f} kWh; "
+            + ", ".join(f"{n} {-nodes[label][n]['energy_reduction_vs_fifo']:+.1%}" for n in node_rows[1:])
+        )
+
     sensitivity: dict[str, dict] = {}
     if not args.quick:
-        print("\nsensitivity (carbonflow-no-shift unless named; vs FIFO on the same cluster):")
+        print("\nsensitivity (capacity-aware carbonflow-no-shift unless named; vs FIFO on the same cluster):")
         cases: list[tuple[str, dict]] = [
             ("shared GPU power = 1.0 x higher solo", {"factor": 1.0}),
             ("shared GPU power = 1.5 x higher solo", {"factor": 1.5}),
@@ -226,13 +304,14 @@ def main(argv: list[str] | None = None) -> int:
                 gpus=round(exp.cluster.gpus * case.get("gpus", 1.0)),
             )
             which = case.get("policy", "carbonflow-no-shift")
-            pol = PlannerPolicy(
+            pol = capacity_policy(
                 which,
                 power_limit=which != "carbon-shift",
                 colocate=which != "carbon-shift",
                 shift=which != "carbonflow-no-shift",
                 objective="carbon" if which == "carbon-shift" else args.objective,
                 max_slowdown=case.get("ms"),
+                shift_budget=args.shift_budget,
             )
             run = exp.run(pol, cluster=cl, devices=dev)
             s = run.summary()
@@ -271,7 +350,20 @@ def main(argv: list[str] | None = None) -> int:
         "assumptions": {
             "shared_power_factor": args.shared_power_factor,
             "shared_power_rule": "min(power limit, factor x higher of the two solo powers)",
-            "idle_gpus": "not counted (powered down / outside the energy boundary)",
+            "idle_gpus": "not counted (powered down / outside the energy boundary) in the headline accounting; "
+            "counted in node_accounting",
+            "node_accounting": {
+                "gpus_per_node": node_model.gpus_per_node,
+                "host_w": node_model.host_w,
+                "gpu_idle_w": node_model.gpu_idle_w,
+                "source": node_model.source,
+                "packing": "ideal: ceil(busy GPUs / GPUs per server) servers on at every instant, for every policy",
+                "empty_servers": "powered down, 0 W, no transition cost (a sensitivity row keeps all on)",
+                "caveat": "idle powers measured on 8 x A100 servers (Acme Seren); no V100 server data is available",
+            },
+            "capacity_aware": "carbonflow rows: cap only with an empty queue (re-tuned when a queue forms), share "
+            "when the alternative is waiting (recent mean wait), defer by <= shift_budget x expected JCT",
+            "shift_budget": args.shift_budget,
             "multi_gpu_colocation": "never in the main rows (Gavel measured single-GPU pairs only)",
             "gavel_to_zeus": {k: "/".join(v) for k, v in GAVEL_TO_ZEUS.items()},
             "forecast": "replayed actuals as a perfect forecast; choose_start robust margin on",
@@ -290,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             "deadline_misses": rows["carbonflow"]["deadline_misses"] == 0,
         },
         "sensitivity": sensitivity,
+        "node_accounting": nodes,
         "seconds": time.perf_counter() - t_start,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

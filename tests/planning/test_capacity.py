@@ -44,9 +44,7 @@ def test_partner_bound_is_the_tighter_of_budget_and_deadline() -> None:
         pytest.approx(1.2)
     )
     # the deadline is 1.5 h away: at most 50 % slower whatever the budget
-    assert partner_slowdown_bound(3600.0, 3600.0, 7200.0, 0.1, 5400.0, congestion_slowdown=0.5) == (
-        pytest.approx(0.5)
-    )
+    assert partner_slowdown_bound(3600.0, 3600.0, 7200.0, 0.1, 5400.0, congestion_slowdown=0.5) == (pytest.approx(0.5))
 
 
 def test_deferral_budget_is_a_fraction_of_the_expected_completion_time() -> None:
