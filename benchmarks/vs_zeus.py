@@ -221,7 +221,12 @@ def simulate_carbonflow(w: Workload, n_rec: int, seed: int, with_bs: bool) -> Ou
             out.time_s += t
             out.cost += zeus_cost(e, t, ETA, w.max_power)
             prior[bs] = w.epoch_cost(bs, pl)
-        explorer = BatchSizeExplorer(sorted(prior), w.b0, prior, beta=BETA, horizon=n_rec)
+        # The default (b0 at the highest limit) was measured by the profiling pass: its cost per epoch.
+        default_per_epoch = w.epoch_cost(w.b0, max(w.pls_for(w.b0)))
+        explorer = BatchSizeExplorer(
+            sorted(prior), w.b0, prior, beta=BETA, horizon=n_rec, default_cost_per_epoch=default_per_epoch
+        )
+        explorer.charge(out.cost)  # the profiling pass trained nothing
     for _ in range(n_rec):
         for attempt in range(20):
             if not with_bs:

@@ -30,8 +30,14 @@ interpolation, or extrapolation with the observed slope; a larger size than any 
 cheapest-predicted neighbour of a batch size known to converge — not Zeus's fixed "down, then up, twice"
 order; (3) tries it only if its optimistic predicted cost is below the best mean seen and, when the job's
 number of recurrences is known, only if that saving over the remaining recurrences covers the worst loss of
-one exploratory run; (4) stops an exploratory run early once it has spent ``explore_beta`` × the best mean
-cost (``beta`` for known batch sizes, as Zeus); (5) confirms a promising single observation once, then
+one exploratory run; when the cost per epoch of the job's default configuration is given, a batch size the
+profile does not promise a saving on (predicted cost not below the best mean: only ``optimism`` makes it worth
+a try) is tried only while the saving banked over that default plus the incumbent's saving over the
+remaining recurrences covers its worst loss, and known batch sizes costlier than the incumbent are only
+drawn while that budget covers their extra cost (a conservative bandit: a guess the profile does not back
+cannot take the job's cumulative cost above its default's); (4) stops an exploratory run early once it has
+spent ``explore_beta`` × the best mean cost, at most that budget when the profile promised nothing (``beta``
+for known batch sizes, as Zeus); (5) confirms a promising single observation once, then
 exploits by Gaussian Thompson sampling whose spread never falls below the run-to-run variation seen on
 well-observed batch sizes and, when the number of recurrences is known, shrinks as √(remaining / horizon)
 (information is worth less as fewer recurrences remain).
@@ -226,6 +232,12 @@ class BatchSizeExplorer:
     """At most this many exploratory runs (None: unbounded; pruning keeps it small)."""
     horizon: int | None = None
     """Expected number of recurrences of the job (None: unknown, treated as unbounded)."""
+    default_cost_per_epoch: float | None = None
+    """Cost of one epoch of what the job runs without carbonflow (its default batch size at the GPU's maximum
+    power limit), from the profile. When given, exploration is conservative: a run that may lose money is only
+    made while the worst it can lose is covered by what was saved over that default so far plus what the
+    incumbent will save over the remaining recurrences (see :meth:`budget`) — unless the profile itself
+    promises a saving (see :meth:`explore_limit`)."""
 
     def __post_init__(self) -> None:
         if self.default_batch_size not in self.batch_sizes:
@@ -239,6 +251,10 @@ class BatchSizeExplorer:
         self.epochs_seen: dict[int, list[float]] = {b: [] for b in self.batch_sizes}
         self.explored = 0
         self.runs = 0
+        self.completed = 0
+        """Runs that reached the target (one per recurrence)."""
+        self.spent = 0.0
+        """Cost of every run observed (reached or not) plus the overheads given to :meth:`charge`."""
 
     # -- beliefs ------------------------------------------------------------------------------------------
     def best_mean(self) -> tuple[int, float]:
@@ -255,6 +271,32 @@ class BatchSizeExplorer:
     def _failed(self, b: int) -> bool:
         """Tried and never reached the target."""
         return self.arms[b].failures > 0 and not self.arms[b].costs
+
+    def default_cost(self) -> float | None:
+        """Expected cost to target of the default configuration (None: not known, or not given)."""
+        epochs = self.epochs_seen[self.default_batch_size]
+        if self.default_cost_per_epoch is None or not epochs:
+            return None
+        return self.default_cost_per_epoch * float(np.mean(epochs))
+
+    def budget(self) -> float:
+        """What exploration may still lose with the job's cumulative cost staying below its default's.
+
+        Saved so far over the default (runs completed × the default's expected cost − everything spent) plus
+        what the incumbent saves over the default in each recurrence still to come (the current one included;
+        none when the horizon is unknown). Unbounded without ``default_cost_per_epoch`` or before the default
+        batch size reached the target (then the default's cost is not known).
+        """
+        default = self.default_cost()
+        if default is None:
+            return math.inf
+        _, best = self.best_mean()
+        remaining = 0 if self.horizon is None else max(0, self.horizon - self.completed)
+        return self.completed * default - self.spent + remaining * (default - best)
+
+    def charge(self, cost: float) -> None:
+        """Count a cost that trained nothing (e.g. a profiling pass) against the exploration budget."""
+        self.spent += cost
 
     def predicted_epochs(self, b: int) -> float:
         """Epochs to target predicted for batch size ``b`` from the ones observed (see the class doc)."""
@@ -306,11 +348,14 @@ class BatchSizeExplorer:
             cost = self.predicted_cost(b)
             if cost * self.optimism >= best:
                 continue
+            worst_loss = self.explore_limit(b)
+            if worst_loss < best:
+                continue  # a run stopped before it spent the incumbent's cost could not show it is better
             if self.horizon is not None and math.isfinite(best):
-                remaining = max(0, self.horizon - self.runs)
+                remaining = max(0, self.horizon - self.completed)
                 # Exploration never costs more than it saves: the optimistic saving over the remaining
-                # recurrences must cover the worst loss of one exploratory run (stopped at explore_beta x best).
-                if not exploration_pays_off(best - cost * self.optimism, self.explore_beta * best, remaining):
+                # recurrences must cover the worst loss of one exploratory run.
+                if not exploration_pays_off(best - cost * self.optimism, worst_loss, remaining):
                     continue
             scored.append((cost, b))
         return [b for _, b in sorted(scored)]
@@ -328,6 +373,9 @@ class BatchSizeExplorer:
         candidates = [b for b, arm in self.arms.items() if arm.costs and self._alive(b)]
         if not candidates:
             return self.default_batch_size
+        # Conservative: an arm whose expected extra cost over the incumbent is more than the budget is not run.
+        budget = self.budget()
+        candidates = [b for b in candidates if self.arms[b].mean() - best <= max(budget, 0.0)] or candidates
         # Confirmation: an arm seen once and within 2 pooled CVs of the best is run once more before it
         # enters Thompson sampling; an arm seen once and worse than that is dropped.
         margin = 2 * self.pooled_cv()
@@ -374,8 +422,20 @@ class BatchSizeExplorer:
         """
         _, best = self.best_mean()
         if batch_size is not None and not self.arms[batch_size].costs:
-            return self.explore_beta * best
+            return self.explore_limit(batch_size)
         return self.beta * best
+
+    def explore_limit(self, batch_size: int) -> float:
+        """Where an exploratory run of an untried batch size stops.
+
+        ``explore_beta`` × the best mean cost when the profile promises a saving (predicted cost below the best
+        mean); otherwise, when only optimism makes it worth a try, also at most the :meth:`budget`.
+        """
+        _, best = self.best_mean()
+        limit = self.explore_beta * best
+        if self.predicted_cost(batch_size) < best:
+            return limit
+        return min(limit, max(self.budget(), 0.0))
 
     def observe(self, batch_size: int, cost: float, reached: bool, epochs: float | None = None) -> None:
         """Record a finished (or early-stopped) run."""
@@ -383,6 +443,8 @@ class BatchSizeExplorer:
             raise ValueError(f"batch_size={batch_size} is not among {list(self.arms)}")
         arm = self.arms[batch_size]
         self.runs += 1
+        self.spent += cost
+        self.completed += bool(reached)
         if batch_size != self.default_batch_size and not arm.costs and arm.failures == 0:
             self.explored += 1
         if reached:

@@ -105,3 +105,66 @@ def test_explorer_validates_inputs():
 def test_exploration_pays_off():
     assert exploration_pays_off(10.0, 50.0, 10)
     assert not exploration_pays_off(10.0, 50.0, 4)
+
+
+def _run_to_target(explorer: BatchSizeExplorer, epochs_of, rounds: int, seed: int = 0) -> list[int]:
+    """Recurrences as the Zeus benchmark runs them: a failed run is paid for and retried at the best size."""
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for _ in range(rounds):
+        b = explorer.choose(rng)
+        for _attempt in range(5):
+            need = epochs_of(b)
+            limit = explorer.stop_threshold(b)
+            cost = need * explorer.prior_cost_per_epoch[b]
+            reached = bool(np.isfinite(need) and cost <= limit)
+            explorer.observe(b, cost if reached else limit, reached, need if reached else None)
+            chosen.append(b)
+            if reached:
+                break
+            b = explorer.best_mean()[0]
+    return chosen
+
+
+def test_conservative_explorer_skips_a_guess_its_savings_over_the_default_cannot_cover():
+    # A smaller batch size that the profile says costs more per epoch (and that never converges): only the
+    # optimism factor makes it worth a try. 24 recurrences saving 3 % over the default cannot pay for losing
+    # 1.5 runs, so the conservative explorer never tries it; without the default's cost it does, and loses.
+    per_epoch = {64: 1.30, 128: 1.26}
+    need = {64: np.inf, 128: 32.0}
+    kwargs = {"beta": 2.0, "horizon": 24}
+    bold = BatchSizeExplorer(list(per_epoch), 128, per_epoch, **kwargs)
+    assert 64 in _run_to_target(bold, need.get, 24)
+    safe = BatchSizeExplorer(list(per_epoch), 128, per_epoch, default_cost_per_epoch=1.30, **kwargs)
+    assert 64 not in _run_to_target(safe, need.get, 24)
+    assert safe.spent < 24 * 1.30 * 32.0  # below the default's cumulative cost
+    assert safe.budget() == pytest.approx(safe.completed * 1.30 * 32.0 - safe.spent)  # horizon used up
+
+
+def test_conservative_explorer_still_tries_what_the_profile_promises():
+    # No saving over the default to bank (the default's limit is already the best one), but the profile says
+    # the smaller batch size is 30 % cheaper per epoch at the same epochs: that is tried, and kept.
+    per_epoch = {128: 1.6, 192: 2.27}
+    explorer = BatchSizeExplorer(
+        list(per_epoch), 192, per_epoch, beta=2.0, horizon=100, default_cost_per_epoch=2.27
+    )
+    explorer.observe(192, 22.7, True, 10.0)
+    assert explorer.budget() == pytest.approx(0.0)
+    assert explorer.choose(np.random.default_rng(0)) == 128
+    assert explorer.stop_threshold(128) == pytest.approx(1.5 * 22.7)  # not capped by the (empty) budget
+    chosen = _run_to_target(explorer, lambda b: 10.0, 20)
+    assert set(chosen[-10:]) == {128}
+
+
+def test_budget_counts_banked_savings_charges_and_the_incumbents_future_savings():
+    per_epoch = {64: 2.0, 128: 1.0}
+    explorer = BatchSizeExplorer(list(per_epoch), 128, per_epoch, horizon=10, default_cost_per_epoch=1.5)
+    assert explorer.budget() == np.inf  # the default's epochs to target are not known yet
+    explorer.charge(3.0)
+    explorer.observe(128, 10.0, True, 10.0)
+    explorer.observe(64, 7.0, False)
+    # default 15 per run: banked 1 × 15 − (3 + 10 + 7) = −5; then 9 more recurrences saving 15 − 10 each.
+    assert explorer.budget() == pytest.approx(-5.0 + 9 * 5.0)
+    # A guess the profile does not back (64: 2 per epoch) stops at the budget if that is below 1.5 × best.
+    explorer.charge(30.0)
+    assert explorer.explore_limit(64) == pytest.approx(10.0)
