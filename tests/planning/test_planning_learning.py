@@ -145,9 +145,7 @@ def test_conservative_explorer_still_tries_what_the_profile_promises():
     # No saving over the default to bank (the default's limit is already the best one), but the profile says
     # the smaller batch size is 30 % cheaper per epoch at the same epochs: that is tried, and kept.
     per_epoch = {128: 1.6, 192: 2.27}
-    explorer = BatchSizeExplorer(
-        list(per_epoch), 192, per_epoch, beta=2.0, horizon=100, default_cost_per_epoch=2.27
-    )
+    explorer = BatchSizeExplorer(list(per_epoch), 192, per_epoch, beta=2.0, horizon=100, default_cost_per_epoch=2.27)
     explorer.observe(192, 22.7, True, 10.0)
     assert explorer.budget() == pytest.approx(0.0)
     assert explorer.choose(np.random.default_rng(0)) == 128
