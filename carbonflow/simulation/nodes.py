@@ -87,7 +87,7 @@ class NodeModel:
             gpus_per_node=gpus_per_node,
             host_w=host_w,
             gpu_idle_w=gpu_idle_w,
-            source=f"Acme {cluster} IPMI server power and DCGM GPU power, {idle_percentile:g}th percentile",
+            source=f"Acme {cluster} IPMI server power and DCGM GPU power at their {idle_percentile:g} % point (CDF)",
         )
 
     def scaled(self, host_factor: float = 1.0, power_down_empty: bool | None = None) -> NodeModel:
