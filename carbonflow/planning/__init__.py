@@ -12,6 +12,7 @@ from carbonflow.planning.capacity import (
     deferral_budget_s,
     partner_slowdown_bound,
     power_limit_under_load,
+    power_limit_with_delay_cost,
     waiting_slowdown_bound,
 )
 from carbonflow.planning.colocation import (
@@ -79,6 +80,7 @@ __all__ = [
     "plan_job",
     "plan_night",
     "power_limit_under_load",
+    "power_limit_with_delay_cost",
     "predict_candidates",
     "predict_pair_slowdown",
     "separate_if_slow",

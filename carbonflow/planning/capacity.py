@@ -16,6 +16,8 @@ API::
     CapacityLedger(total_gpus, slot_s, horizon_s).add / remove / peak_gpus / fits
     choose_start_with_delay_cost(emissions_g, earliest_s, latest_s, step_s, delay_cost_g_per_s, fits=None)
         -> float
+    power_limit_with_delay_cost(power_limits_w, slowdowns, powers_w, gpus, delay_cost_w, max_slowdown,
+                                load=None, queue_cost_w_per_gpu=inf) -> float
 
 Units: seconds, watts, GPUs, grams CO2e.
 """
@@ -176,3 +178,46 @@ def choose_start_with_delay_cost(
         if cost < best_cost - 1e-9 and (fits is None or fits(s)):
             best_s, best_cost = s, cost
     return best_s
+
+
+def power_limit_with_delay_cost(
+    power_limits_w: list[float],
+    slowdowns: list[float],
+    powers_w: list[float],
+    gpus: int,
+    delay_cost_w: float,
+    max_slowdown: float,
+    load: ClusterLoad | None = None,
+    queue_cost_w_per_gpu: float = math.inf,
+) -> float:
+    """The power limit minimising energy plus a price on time, per second of the job's default run time.
+
+    cost(limit) = gpus · power · slowdown                       (the job's energy)
+                + delay_cost_w · slowdown                       (its own completion time, J per s)
+                + queue_cost_w_per_gpu · gpus · slowdown        (GPU-seconds held while others wait; only with
+                                                                 a queue in ``load``)
+    over the limits whose slowdown is within ``1 + max_slowdown``. The energy grows with the GPU count and the
+    job's own delay does not, so one price on completion time caps a many-GPU job harder than a one-GPU job;
+    the default ``queue_cost_w_per_gpu`` (infinite) runs at the fastest limit whenever anybody waits. Ties go
+    to the faster limit. O(limits).
+    """
+    if not (len(power_limits_w) == len(slowdowns) == len(powers_w)) or not power_limits_w:
+        raise ValueError("power_limits_w, slowdowns and powers_w must be non-empty and of equal length")
+    if gpus < 1 or delay_cost_w < 0 or max_slowdown < 0 or queue_cost_w_per_gpu < 0:
+        raise ValueError(
+            f"gpus={gpus}, delay_cost_w={delay_cost_w}, max_slowdown={max_slowdown}, "
+            f"queue_cost_w_per_gpu={queue_cost_w_per_gpu} are not allowed; gpus >= 1, the rest >= 0"
+        )
+    queued = load is not None and load.queued_jobs > 0
+    fastest = min(range(len(slowdowns)), key=lambda i: (slowdowns[i], -power_limits_w[i]))
+    if queued and math.isinf(queue_cost_w_per_gpu):
+        return power_limits_w[fastest]
+    queue_w = queue_cost_w_per_gpu * gpus if queued else 0.0
+    best_i, best_cost = fastest, math.inf
+    for i, (s, p) in enumerate(zip(slowdowns, powers_w, strict=True)):
+        if s > 1 + max_slowdown + 1e-12:
+            continue
+        cost = gpus * p * s + delay_cost_w * s + queue_w * s
+        if cost < best_cost - 1e-9 or (abs(cost - best_cost) <= 1e-9 and s < slowdowns[best_i]):
+            best_i, best_cost = i, cost
+    return power_limits_w[best_i]

@@ -50,6 +50,7 @@ from carbonflow.planning.capacity import (
     deferral_budget_s,
     partner_slowdown_bound,
     power_limit_under_load,
+    power_limit_with_delay_cost,
     waiting_slowdown_bound,
 )
 from carbonflow.simulation.engine import SimContext
@@ -111,6 +112,8 @@ class PlannerPolicy(FifoPolicy):
         congestion_slowdown: float = 0.0,
         shift_jct_budget: float = 0.0,
         delay_cost_g_per_s: float = 0.0,
+        delay_cost_w: float | None = None,
+        queue_cost_w_per_gpu: float = math.inf,
     ) -> None:
         if not 0 <= shift_slack_use <= 1:
             raise ValueError(f"shift_slack_use={shift_slack_use} is not allowed; it must be between 0 and 1")
@@ -132,6 +135,8 @@ class PlannerPolicy(FifoPolicy):
         self.congestion_slowdown = congestion_slowdown
         self.shift_jct_budget = shift_jct_budget
         self.delay_cost_g_per_s = delay_cost_g_per_s
+        self.delay_cost_w = delay_cost_w
+        self.queue_cost_w_per_gpu = queue_cost_w_per_gpu
 
     def bind(self, ctx: SimContext) -> None:
         super().bind(ctx)
@@ -205,6 +210,19 @@ class PlannerPolicy(FifoPolicy):
             self.limit_by_type[t] = limit
         if self.capacity_aware:
             load = ClusterLoad(self.ctx.queued(), self.ctx.free_gpus(), self.ctx.cluster.gpus)
+            if self.delay_cost_w is not None:
+                dev = self.ctx.devices
+                curve = [dev.solo(t, lim) for lim in dev.power_limits_w]
+                return power_limit_with_delay_cost(
+                    dev.power_limits_w,
+                    [s for _, s in curve],
+                    [p for p, _ in curve],
+                    self.ctx.jobs.num_gpus[job],
+                    self.delay_cost_w,
+                    self.max_slowdown,
+                    load,
+                    self.queue_cost_w_per_gpu,
+                )
             return power_limit_under_load(limit, self.default_limit_w, load, self.headroom_gpus)
         return limit
 

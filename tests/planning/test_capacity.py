@@ -11,6 +11,7 @@ from carbonflow.planning import (
     deferral_budget_s,
     partner_slowdown_bound,
     power_limit_under_load,
+    power_limit_with_delay_cost,
     waiting_slowdown_bound,
 )
 
@@ -89,3 +90,27 @@ def test_start_with_delay_cost_trades_carbon_for_delay_and_skips_full_slots() ->
     assert choose_start_with_delay_cost(emissions_g, 0.0, 0.0, 3600.0, 0.0) == 0.0
     with pytest.raises(ValueError, match="step_s=0"):
         choose_start_with_delay_cost(emissions_g, 0.0, 3600.0, 0.0, 0.0)
+
+
+def test_a_price_on_time_caps_many_gpu_jobs_harder_and_nobody_while_others_wait() -> None:
+    limits = [150.0, 200.0, 250.0]
+    slow = [1.10, 1.04, 1.0]
+    power = [150.0, 190.0, 220.0]  # energy per default-second: 165, 197.6, 220
+    idle = ClusterLoad(queued_jobs=0, free_gpus=4, total_gpus=8)
+    busy = ClusterLoad(queued_jobs=2, free_gpus=0, total_gpus=8)
+    # no price on time: the least energy within the slowdown bound
+    assert power_limit_with_delay_cost(limits, slow, power, 1, 0.0, 0.1) == 150.0
+    assert power_limit_with_delay_cost(limits, slow, power, 1, 0.0, 0.05) == 200.0
+    # 1 GPU at 600 W per second of its delay: 165 + 660 > 197.6 + 624 > 220 + 600 -> the default
+    assert power_limit_with_delay_cost(limits, slow, power, 1, 600.0, 0.1) == 250.0
+    # the same price on an 8-GPU job: 8 x 165 + 660 = 1980 < 8 x 197.6 + 624 < 8 x 220 + 600 -> capped
+    assert power_limit_with_delay_cost(limits, slow, power, 8, 600.0, 0.1) == 150.0
+    # while others wait: the fastest limit (infinite queue price), or priced per GPU held
+    assert power_limit_with_delay_cost(limits, slow, power, 8, 0.0, 0.1, busy) == 250.0
+    assert power_limit_with_delay_cost(limits, slow, power, 8, 0.0, 0.1, idle) == 150.0
+    assert power_limit_with_delay_cost(limits, slow, power, 8, 0.0, 0.1, busy, queue_cost_w_per_gpu=10.0) == 150.0
+    assert power_limit_with_delay_cost(limits, slow, power, 8, 0.0, 0.1, busy, queue_cost_w_per_gpu=1000.0) == 250.0
+    with pytest.raises(ValueError, match="gpus=0"):
+        power_limit_with_delay_cost(limits, slow, power, 0, 0.0, 0.1)
+    with pytest.raises(ValueError, match="equal length"):
+        power_limit_with_delay_cost(limits, slow[:2], power, 1, 0.0, 0.1)

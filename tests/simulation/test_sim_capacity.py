@@ -112,3 +112,12 @@ def test_node_model_from_acme_distributions(tmp_path: Path) -> None:
         NodeModel.from_acme_cdfs(csv, cluster="Kalos")
     with pytest.raises(ValueError, match="host_w=-1"):
         NodeModel(host_w=-1.0)
+
+
+def test_a_price_on_completion_time_caps_the_many_gpu_job_and_not_the_one_gpu_job() -> None:
+    # two families on an idle cluster: 1-GPU jobs and 8-GPU jobs (each family's first run is its profile)
+    exp = _exp([0.0, 10.0, 5000.0, 5010.0], [1000.0, 1000.0, 1000.0, 1000.0], [1, 8, 1, 8], cluster_gpus=16)
+    r = simulate(exp.context(), PlannerPolicy("priced", power_limit=True, capacity_aware=True, delay_cost_w=600.0))
+    default_w = DEVICES.default_power_limit_w
+    assert r.power_limit_w[2] == default_w  # 1 GPU: the time is worth more than its energy saving
+    assert r.power_limit_w[3] < default_w  # 8 GPUs: eight times the saving for the same delay
