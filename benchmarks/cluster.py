@@ -66,8 +66,8 @@ ACME_CDFS = DATA / "traces/acme/acme_utilization_power_cdfs.csv"
 ACME_SUMMARY = DATA / "traces/acme/cluster_summary.csv"
 # carbonflow-priced: power limits by energy + a price on completion time (W per s of a job's delay) + a price
 # per GPU held while others wait (carbonflow.planning.capacity.power_limit_with_delay_cost). Chosen on the week
-# before the benchmark window (2017-10-02..09: the best energy with mean JCT <= +3.2 % among 0/200/300/500/800 W
-# x 150/300/inf W per GPU), not on the window itself.
+# before the benchmark window (2017-10-02..09, runs without shifting: the best energy with mean JCT <= +3.2 % among
+# 0/200/300/500/800 W x 150/300/inf W per GPU), not on the window itself.
 PRICED = {"delay_cost_w": 300.0, "queue_cost_w_per_gpu": 300.0}
 TARGETS = {"energy_reduction_vs_fifo": 0.39, "mean_jct_increase_vs_fifo": 0.032, "deadline_misses": 0}
 
