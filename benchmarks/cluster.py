@@ -41,6 +41,8 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
+
 from carbonflow.simulation import (
     GAVEL_TO_ZEUS,
     ClusterSpec,
@@ -242,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         "gpu_hours_share_single_gpu_jobs": float(gpu_s[single].sum() / gpu_s.sum()),
         "gpu_hours_share_single_gpu_jobs_under_6h": float(gpu_s[single & short].sum() / gpu_s.sum()),
         "gpu_hours_share_jobs_under_48h": float(gpu_s[trace.duration_s < 48 * 3600].sum() / gpu_s.sum()),
+        "gpu_hours_share_jobs_8_or_more_gpus": float(gpu_s[trace.num_gpus >= 8].sum() / gpu_s.sum()),
+        "job_share_8_or_more_gpus": float(np.mean(trace.num_gpus >= 8)),
     }
     print(
         "GPU-hours in single-GPU jobs (the only ones Gavel measured sharing for): "
