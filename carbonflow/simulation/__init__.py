@@ -17,7 +17,7 @@ API::
     grid_from_trace_file(path, origin=None) -> CarbonGrid;  constant_grid(gco2_per_kwh) -> CarbonGrid
     Experiment.build(trace, pairs, devices, grid, cluster, seed=0) -> Experiment; .run(policy) -> Run
     simulate(ctx, policy) -> SimResult;  SimResult.summary() -> dict
-    standard_policies(objective="energy", max_slowdown=None) -> list[policy]
+    standard_policies(objective="energy", max_slowdown=None, capacity_aware=False) -> list[policy]
     calibrate_gpus(experiment, target_median_queue_s) -> int
     NodeModel.from_acme_cdfs(path) -> NodeModel;  node_accounting(result, node_model, grid) -> dict
 """

@@ -412,14 +412,34 @@ class PlannerPolicy(FifoPolicy):
         return True
 
 
-def standard_policies(objective: str = "energy", max_slowdown: float | None = None) -> list[FifoPolicy]:
-    """The five policies of the cluster benchmark, in table order."""
+def standard_policies(
+    objective: str = "energy", max_slowdown: float | None = None, capacity_aware: bool = False
+) -> list[FifoPolicy]:
+    """The five policies of the cluster benchmark, in table order.
+
+    ``capacity_aware=True`` makes ``carbonflow`` the capacity-aware joint policy of the benchmark's headline
+    (1 % deferral budget); the default is the load-blind joint policy.
+    """
+    joint = (
+        PlannerPolicy(
+            "carbonflow",
+            power_limit=True,
+            colocate=True,
+            shift=True,
+            objective=objective,
+            max_slowdown=max_slowdown,
+            capacity_aware=True,
+            shift_jct_budget=0.01,
+        )
+        if capacity_aware
+        else PlannerPolicy(
+            "carbonflow", power_limit=True, colocate=True, shift=True, objective=objective, max_slowdown=max_slowdown
+        )
+    )
     return [
         FifoPolicy(),
         PlannerPolicy("power-limit", power_limit=True, objective=objective, max_slowdown=max_slowdown),
         PlannerPolicy("colocation", colocate=True, objective=objective, max_slowdown=max_slowdown),
         PlannerPolicy("carbon-shift", shift=True, objective="carbon", max_slowdown=max_slowdown),
-        PlannerPolicy(
-            "carbonflow", power_limit=True, colocate=True, shift=True, objective=objective, max_slowdown=max_slowdown
-        ),
+        joint,
     ]

@@ -18,6 +18,7 @@ from carbonflow.simulation import (
     constant_grid,
     load_pair_table,
     simulate,
+    standard_policies,
 )
 from carbonflow.simulation.nodes import NodeModel, node_accounting
 
@@ -121,3 +122,20 @@ def test_a_price_on_completion_time_caps_the_many_gpu_job_and_not_the_one_gpu_jo
     default_w = DEVICES.default_power_limit_w
     assert r.power_limit_w[2] == default_w  # 1 GPU: the time is worth more than its energy saving
     assert r.power_limit_w[3] < default_w  # 8 GPUs: eight times the saving for the same delay
+
+
+def test_capacity_aware_joint_policy_keeps_jct_closer_to_fifo_than_the_load_blind_one() -> None:
+    rng = np.random.default_rng(3)
+    n = 400
+    exp = _exp(
+        list(np.cumsum(rng.exponential(200.0, n))),
+        list(rng.choice([600.0, 1800.0, 5400.0], n)),
+        list(rng.choice([1, 1, 1, 2, 4], n)),
+        cluster_gpus=24,
+    )
+    blind = {p.name: exp.run(p).summary() for p in standard_policies()}
+    aware = exp.run(standard_policies(capacity_aware=True)[-1]).summary()
+    fifo_jct = blind["fifo"]["mean_jct_s"]
+    assert blind["fifo"]["mean_queue_s"] > 0  # the cluster queues: slowdowns cost others time
+    assert aware["mean_jct_s"] - fifo_jct < blind["carbonflow"]["mean_jct_s"] - fifo_jct
+    assert aware["energy_j"] < blind["fifo"]["energy_j"]
