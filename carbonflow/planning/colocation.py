@@ -38,7 +38,7 @@ import numpy as np
 from carbonflow.models import Config, EnergyLabel, Forecast, JobSpec, Plan, Profile
 from carbonflow.planning.costs import IntensityIntegral, shrink_forecast
 from carbonflow.planning.learning import JobHistory
-from carbonflow.planning.optimizer import DeadlineError, plan_job, predict_candidates
+from carbonflow.planning.optimizer import Candidate, DeadlineError, deadline_epochs, plan_job, predict_candidates
 
 
 @dataclass(frozen=True)
@@ -212,8 +212,11 @@ def _pair_option(
     speeds = pair.speeds(spec_a.name, spec_b.name)
     assert speeds is not None
     tl = pair_timeline(ref_a.duration_s, ref_b.duration_s, *speeds)
+    # Jobs trained to a target: the latest start is planned for their likely most epochs (as plan_job does).
+    fa, fb = _deadline_factor(spec_a, prof_a, history, ref_a), _deadline_factor(spec_b, prof_b, history, ref_b)
+    tl_deadline = pair_timeline(ref_a.duration_s * fa, ref_b.duration_s * fb, *speeds) if fa * fb > 1 else tl
     latest = []
-    for spec, total in ((spec_a, tl.total_a_s), (spec_b, tl.total_b_s)):
+    for spec, total in ((spec_a, tl_deadline.total_a_s), (spec_b, tl_deadline.total_b_s)):
         if spec.finish_by is not None:
             latest.append((spec.finish_by - now).total_seconds() - total)
     hi = min(latest) if latest else 0.0
@@ -268,6 +271,17 @@ def _pair_option(
         slow,
         "g CO2e" if objective_is_carbon else "J",
     )
+
+
+def _deadline_factor(spec: JobSpec, profile: Profile, history: JobHistory | None, ref: Candidate) -> float:
+    """Deadline epochs / expected epochs of a target-trained job at its reference configuration (>= 1)."""
+    if not profile.samples_per_epoch or ref.duration_s <= 0:
+        return 1.0
+    most = deadline_epochs(spec, history, ref.config.batch_size)
+    if most is None:
+        return 1.0
+    expected = ref.duration_s * ref.point.throughput_samples_per_s / profile.samples_per_epoch
+    return max(1.0, most / expected) if expected > 0 else 1.0
 
 
 def plan_night(

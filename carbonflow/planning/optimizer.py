@@ -5,6 +5,8 @@ Pure and deterministic: the same inputs give the same Plan (``created_at`` is se
 API others call::
 
     choose_batch_size(spec, profile, history, seed=0) -> int | None   # learned across recurrences
+    batch_size_explorer(spec, profile, history) -> BatchSizeExplorer | None  # its state (e.g. stop_threshold)
+    deadline_epochs(spec, history, batch_size) -> float | None        # epochs the deadline is planned for
     plan_job(spec: JobSpec, profile: Profile, forecast: Forecast | None, now: datetime,
              history: JobHistory | None = None, *, on_infeasible: "raise" | "fastest" = "raise",
              alternatives_per_config: int = 3, robust: bool = False) -> Plan
@@ -34,6 +36,13 @@ How a plan is made
   ties — e.g. every start under the ``energy`` objective — go to less carbon, then less energy, shorter,
   earlier, then the configuration key. With no forecast, the job starts now and the ``carbon`` objective
   falls back to ``energy`` (at any fixed intensity carbon is proportional to energy); the reason says so.
+* **Deadline margin for a job trained to a target** (``target_metric`` set, history given): epochs to target
+  vary from run to run, so the latest start is computed for :func:`deadline_epochs` — the most epochs a
+  recent run at this batch size needed × ``DEADLINE_EPOCH_MARGIN``, at most ``spec.epochs`` (the job's epoch
+  budget; the budget itself until ``DEADLINE_MIN_RUNS`` runs at this batch size reached the target) — not for
+  the expected epochs the cost is computed with; at most the explorer's early-stop threshold, and for an
+  untried batch size plus the time to rerun at the best known one. When even that does not fit, a learned
+  batch size falls back to the best known one (else the job's own), and the start to now.
 * **Deadline.** If even the fastest configuration started now cannot finish by ``finish_by``,
   ``on_infeasible="raise"`` (default) raises :class:`DeadlineError` (a ValueError naming ``finish_by``) and
   ``on_infeasible="fastest"`` returns the fastest configuration starting now with a reason that begins
@@ -64,6 +73,10 @@ from carbonflow.planning.costs import (
 from carbonflow.planning.learning import BatchSizeExplorer, JobHistory
 
 _EPS = 1e-9
+DEADLINE_EPOCH_MARGIN = 1.5
+"""Latest start of a job trained to a target: for this × the most epochs a recent run needed (see module doc)."""
+DEADLINE_MIN_RUNS = 3
+"""Fewer runs that reached the target at a batch size than this: the deadline is planned for the whole budget."""
 
 
 class DeadlineError(ValueError):
@@ -107,7 +120,9 @@ def work_samples(
             )
         epochs = float(spec.epochs)
         if history is not None and spec.target_metric is not None:
-            learned = history.epochs_to_target(spec.name, batch_size)
+            learned = history.epochs_to_target(spec.name, batch_size if batch_size is not None else spec.batch_size)
+            if learned is None and batch_size is None:  # runs recorded without a batch size
+                learned = history.epochs_to_target(spec.name, None)
             if learned is not None:
                 epochs = min(epochs, learned)
         return epochs * profile.samples_per_epoch
@@ -140,13 +155,12 @@ def _allowed_points(spec: JobSpec, profile: Profile) -> list[ProfilePoint]:
     return points
 
 
-def choose_batch_size(spec: JobSpec, profile: Profile, history: JobHistory | None, seed: int = 0) -> int | None:
-    """Tonight's batch size for a job trained to a target, learned across recurrences (None: not opted in).
+def batch_size_explorer(spec: JobSpec, profile: Profile, history: JobHistory | None) -> BatchSizeExplorer | None:
+    """The batch-size explorer of a job trained to a target, with its history replayed (None: not opted in).
 
-    Replays the job's history (realised energy in J as the cost, whether the target was reached, epochs)
-    into a :class:`~carbonflow.planning.learning.BatchSizeExplorer` whose prior is the profile's least energy
-    per epoch at each candidate batch size, and asks it. Deterministic: the random stream is seeded by
-    ``seed`` and the number of past runs.
+    Its prior is the profile's least energy per epoch at each candidate batch size; the history's runs
+    (realised energy in J as the cost, whether the target was reached, epochs) are observed in time order.
+    The caller may ask it for :meth:`~carbonflow.planning.learning.BatchSizeExplorer.stop_threshold` (J).
     """
     if not spec.batch_sizes or spec.target_metric is None or history is None:
         return None
@@ -162,10 +176,45 @@ def choose_batch_size(spec: JobSpec, profile: Profile, history: JobHistory | Non
     if spec.batch_size not in prior:
         return None
     explorer = BatchSizeExplorer(sizes, spec.batch_size, prior)
-    runs = [r for r in history.for_job(spec.name) if r.batch_size in prior]
-    for r in runs:
-        explorer.observe(r.batch_size, r.realised_energy_j, bool(r.reached_target), r.epochs)  # type: ignore[arg-type]
-    return explorer.choose(np.random.default_rng([seed, len(runs)]))
+    for r in history.for_job(spec.name):
+        if r.batch_size in prior:
+            explorer.observe(r.batch_size, r.realised_energy_j, bool(r.reached_target), r.epochs)  # type: ignore[arg-type]
+    return explorer
+
+
+def choose_batch_size(spec: JobSpec, profile: Profile, history: JobHistory | None, seed: int = 0) -> int | None:
+    """Tonight's batch size for a job trained to a target, learned across recurrences (None: not opted in).
+
+    Asks :func:`batch_size_explorer`. Deterministic: the random stream is seeded by ``seed`` and the
+    number of past runs.
+    """
+    explorer = batch_size_explorer(spec, profile, history)
+    if explorer is None:
+        return None
+    return explorer.choose(np.random.default_rng([seed, explorer.runs]))
+
+
+def deadline_epochs(spec: JobSpec, history: JobHistory | None, batch_size: int | None) -> float | None:
+    """Epochs a target-trained job's deadline is planned for at ``batch_size`` (None: not trained to a target).
+
+    ``DEADLINE_EPOCH_MARGIN`` × the most epochs a recent run (the history's drift window) that reached the
+    target at this batch size needed, at most ``spec.epochs``; ``spec.epochs`` while fewer than
+    ``DEADLINE_MIN_RUNS`` runs did (epochs to target can be bimodal: ImageNet at batch 192 needs 20–22 or 31).
+    """
+    if spec.target_metric is None or spec.epochs is None or history is None:
+        return None
+    bs = batch_size if batch_size is not None else spec.batch_size
+    seen = [
+        r.epochs
+        for r in history.for_job(spec.name)
+        if (r.batch_size if r.batch_size is not None else spec.batch_size) == bs
+        and r.reached_target
+        and r.epochs is not None
+        and r.epochs > 0
+    ][-history.drift_window :]
+    if len(seen) < DEADLINE_MIN_RUNS:
+        return float(spec.epochs)
+    return min(float(spec.epochs), DEADLINE_EPOCH_MARGIN * max(seen))
 
 
 def default_point(spec: JobSpec, points: Sequence[ProfilePoint], profile: Profile) -> ProfilePoint:
@@ -194,9 +243,22 @@ def predict_candidates(
     """Every allowed configuration's predicted duration, energy and slowdown, the reference and its metrics."""
     points = _allowed_points(spec, profile)
     ref_point = default_point(spec, points, profile)
+    works: dict[int | None, float] = {}
+    explorer = batch_size_explorer(spec, profile, history) if spec.epochs is not None else None
+
+    def work_of(bs: int | None) -> float:
+        if bs not in works:
+            works[bs] = work_samples(spec, profile, bs, history)
+            b = bs if bs is not None else spec.batch_size
+            if explorer is not None and history is not None and history.epochs_to_target(spec.name, bs) is None:
+                # An untried batch size: the epochs the explorer predicts from the sizes seen, within the budget.
+                guess = explorer.predicted_epochs(b) if b in explorer.arms else float("inf")
+                if np.isfinite(guess) and guess > 0 and profile.samples_per_epoch:
+                    works[bs] = min(works[bs], guess * profile.samples_per_epoch)
+        return works[bs]
 
     def predict(p: ProfilePoint) -> tuple[float, float]:
-        work = work_samples(spec, profile, p.config.batch_size, history)
+        work = work_of(p.config.batch_size)
         duration = work / p.throughput_samples_per_s
         energy = _power_w(p) * duration
         if history is not None:
@@ -274,16 +336,41 @@ def plan_job(
         notes.append("no forecast: starts now")
 
     candidates, ref_c, ref = predict_candidates(spec, profile, history)
-    learned_bs = choose_batch_size(spec, profile, history)
-    if learned_bs is not None:
-        keep = [
-            c
-            for c in candidates
-            if (c.config.batch_size if c.config.batch_size is not None else spec.batch_size) == learned_bs
-        ]
+    explorer = batch_size_explorer(spec, profile, history)
+    limit_s = (spec.finish_by - now).total_seconds() if spec.finish_by is not None else float("inf")
+    margin_all, reserve_s = _deadline_factors(spec, profile, history, candidates, explorer)
+    if explorer is not None:
+        assert history is not None
+        learned_bs = explorer.choose(np.random.default_rng([0, explorer.runs]))  # = choose_batch_size(seed=0)
+        margins = margin_all if margin_all is not None else np.ones(len(candidates))
+
+        def fits(bs: int) -> bool:
+            """Some configuration of this batch size keeps the slowdown bound and, with its deadline margin
+            (and, for an untried size, the time to rerun at the best known size after an early stop), finish_by."""
+            return any(
+                c.within_slowdown and c.duration_s * m + reserve_s.get(bs, 0.0) <= limit_s + _EPS
+                for c, m in zip(candidates, margins, strict=True)
+                if _bs(c, spec) == bs
+            )
+
+        runs = len(history.for_job(spec.name))
+        if fits(learned_bs):
+            notes.append(f"batch size {learned_bs} learned across {runs} runs")
+        else:
+            fallback = explorer.best_mean()[0]
+            if not fits(fallback):
+                fallback = _bs(ref_c, spec)
+            notes.append(f"batch size {learned_bs} does not fit the slowdown bound or finish_by tonight: {fallback}")
+            learned_bs = fallback
+        keep = [i for i, c in enumerate(candidates) if _bs(c, spec) == learned_bs]
         if keep:
-            candidates = keep
-            notes.append(f"batch size {learned_bs} learned across {len(history.for_job(spec.name))} runs")
+            candidates = [candidates[i] for i in keep]
+            if margin_all is not None:
+                margin_all = margin_all[keep]
+            extra_s = reserve_s.get(learned_bs, 0.0)
+            if extra_s > 0 and margin_all is not None and np.all(_durations(candidates) > 0):
+                # Reserve the rerun's time after an early-stopped exploratory run: fold it into the margin.
+                margin_all = margin_all + extra_s / _durations(candidates)
     n = len(candidates)
     durations = np.array([c.duration_s for c in candidates])
     energies = np.array([c.energy_j for c in candidates])
@@ -298,6 +385,9 @@ def plan_job(
     integral = IntensityIntegral(forecast, now) if forecast is not None else None
     if finish_by_s is not None:
         latest = finish_by_s - durations
+        margin = margin_all
+        if margin is not None:  # plan the latest start for the job's likely most epochs, else start now
+            latest = np.where(latest >= -_EPS, np.maximum(0.0, finish_by_s - durations * margin), latest)
     elif integral is not None:
         latest = np.maximum(0.0, integral.horizon_end_s - durations)
     else:
@@ -432,6 +522,58 @@ def plan_job(
         reason=reason,
         created_at=now,
     )
+
+
+def _bs(c: Candidate, spec: JobSpec) -> int:
+    return c.config.batch_size if c.config.batch_size is not None else spec.batch_size
+
+
+def _durations(candidates: Sequence[Candidate]) -> np.ndarray:
+    return np.array([c.duration_s for c in candidates], dtype=float)
+
+
+def _deadline_factors(
+    spec: JobSpec,
+    profile: Profile,
+    history: JobHistory | None,
+    candidates: Sequence[Candidate],
+    explorer: BatchSizeExplorer | None,
+) -> tuple[np.ndarray | None, dict[int, float]]:
+    """Deadline margins of a job trained to a target (None when it is not), and time to reserve per batch size.
+
+    Per candidate: the epochs its deadline is planned for (:func:`deadline_epochs`, at most the explorer's
+    early-stop threshold in epochs) over its expected epochs, >= 1. Per untried batch size: the time to rerun
+    at the best known batch size (its fastest configuration, for its deadline epochs) after an early stop.
+    """
+    if spec.target_metric is None or spec.epochs is None or history is None or not profile.samples_per_epoch:
+        return None, {}
+    out = np.ones(len(candidates))
+    expected_by_bs: dict[int | None, float] = {}
+    for i, c in enumerate(candidates):
+        bs = c.config.batch_size
+        if bs not in expected_by_bs:
+            expected_by_bs[bs] = c.duration_s * c.point.throughput_samples_per_s / profile.samples_per_epoch
+        expected = expected_by_bs[bs]
+        most = deadline_epochs(spec, history, bs)
+        if explorer is not None and _bs(c, spec) in explorer.arms and expected > 0:
+            stop_j = explorer.stop_threshold(_bs(c, spec))
+            if np.isfinite(stop_j) and c.energy_j > 0:
+                most = min(most if most is not None else float("inf"), stop_j / (c.energy_j / expected))
+        if most is not None and expected > 0:
+            out[i] = max(1.0, most / expected)
+    reserve: dict[int, float] = {}
+    if explorer is not None:
+        best, best_cost = explorer.best_mean()
+        if np.isfinite(best_cost):
+            rerun = [
+                c.duration_s * m
+                for c, m in zip(candidates, out, strict=True)
+                if _bs(c, spec) == best and c.within_slowdown
+            ]
+            for b, arm in explorer.arms.items():
+                if not arm.costs and b != best:
+                    reserve[b] = min(rerun, default=0.0)
+    return out, reserve
 
 
 def _reason(

@@ -9,8 +9,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planning_factories import NOW, make_forecast, make_profile, make_spec
 
-from carbonflow.models import Config
-from carbonflow.planning import DeadlineError, choose_power_limit, plan_job, predict_candidates, work_samples
+from carbonflow.models import Config, JobSpec
+from carbonflow.planning import (
+    DeadlineError,
+    JobHistory,
+    RunRecord,
+    choose_power_limit,
+    plan_job,
+    predict_candidates,
+    work_samples,
+)
 from carbonflow.planning.costs import IntensityIntegral
 
 
@@ -285,3 +293,59 @@ def test_pareto_alternatives_are_non_dominated_and_include_the_choice():
                 )
     assert front[0].predicted_emissions_g == min(t[2] for t in triples)
     assert len(front) >= 2  # faster two-container runs trade carbon for time
+
+
+def _target_run(spec_name: str, day: int, bs: int, epochs: float, energy_j: float = 1e6) -> RunRecord:
+    return RunRecord(
+        job=spec_name,
+        config_key=f"c1-pl250-b{bs}",
+        finished_at=NOW - timedelta(days=day),
+        predicted_duration_s=1.0,
+        realised_duration_s=1.0,
+        predicted_energy_j=energy_j,
+        realised_energy_j=energy_j,
+        batch_size=bs,
+        epochs=epochs,
+        reached_target=True,
+    )
+
+
+def test_target_trained_job_plans_its_deadline_for_its_most_epochs_not_the_mean():
+    from carbonflow.planning.optimizer import DEADLINE_EPOCH_MARGIN, deadline_epochs
+
+    # 500 s per epoch at 250 W; a forecast that is low only in the last half hour pulls the start late.
+    profile = make_profile(batch_sizes=(64,))
+    forecast = make_forecast([400.0] * 7 + [50.0] + [400.0] * 40)
+    spec = make_spec(hours=4.0, epochs=20, batch_size=64, target_metric="accuracy", max_slowdown=0.0)
+    history = JobHistory([_target_run(spec.name, d, 64, e) for d, e in ((3, 4.0), (2, 4.0), (1, 6.0))])
+    assert deadline_epochs(spec, history, 64) == pytest.approx(DEADLINE_EPOCH_MARGIN * 6.0)
+    plan = plan_job(spec, profile, forecast, NOW, history)
+    per_epoch_s = plan.predicted_duration_s / (14.0 / 3)  # expected epochs: the mean of 4, 4, 6
+    assert plan.start + timedelta(seconds=per_epoch_s * DEADLINE_EPOCH_MARGIN * 6.0) <= spec.finish_by
+    # Without the target (a fixed amount of work) the same job would end at the low slot, i.e. start later.
+    fixed = plan_job(spec.model_copy(update={"target_metric": None, "epochs": 5}), profile, forecast, NOW, history)
+    assert fixed.start > plan.start
+    # Fewer than DEADLINE_MIN_RUNS converged runs: the whole budget is planned for.
+    assert deadline_epochs(spec, JobHistory(history.records[:2]), 64) == 20.0
+
+
+def test_exploration_only_when_an_early_stop_and_a_rerun_still_fit_before_finish_by():
+    # 256 is 3x faster per epoch: the explorer wants to try it after three runs of 64 at 10 epochs each.
+    profile = make_profile(batch_sizes=(64, 256), bs_speed={64: 1.0, 256: 3.0})
+
+    def spec(hours: float) -> JobSpec:
+        return make_spec(
+            hours=hours, epochs=20, batch_size=64, batch_sizes=[64, 256], target_metric="accuracy", max_slowdown=1
+        )
+
+    # 64 at 250 W: 10 epochs = 5000 s, 236 W → 1.18 MJ per run.
+    history = JobHistory([_target_run("job-a", d, 64, 10.0, energy_j=1.18e6) for d in (3, 2, 1)])
+    forecast = make_forecast([200.0] * 96)
+    roomy = plan_job(spec(6.0), profile, forecast, NOW, history)
+    assert roomy.config.batch_size == 256
+    # 3 h: 256's worst case (its 20-epoch budget, 3333 s) plus a rerun at 64 planned for 15 epochs (7500 s)
+    # does not fit, although 64 alone does: no exploration tonight.
+    tight = plan_job(spec(3.0), profile, forecast, NOW, history)
+    assert tight.config.batch_size == 64
+    assert "does not fit" in tight.reason
+    assert tight.start + timedelta(seconds=7500) <= spec(3.0).finish_by
