@@ -2,11 +2,15 @@
 
 Every evening (18:00 local time of the grid, by default) a batch of recurring jobs is submitted with
 finish-by 12 h later: the 6 Zeus workloads on simulated V100s, two of them twice (8 jobs, so co-location
-matters). Each job's work is its expected epochs to target at Zeus's default batch size (mean
-``target_epoch`` of ``summary_train.csv``) and its speed/power per power limit is Zeus's V100 measurement
-(``carbonflow.energy.simulated.ZeusPowerModel``), capped at 4 h of work at the default limit (a warm-started
-nightly retrain; ImageNet and LibriSpeech to target would take 20 h and 17 h). Replayed over a year of real
-grid intensity:
+matters). Each job **trains to Zeus's target metric**: tonight's epochs to target are one of Zeus's training
+paths (``summary_train.csv``, one seed drawn per night, job and batch size — the same draw for every
+policy), and its speed/power per (batch size, power limit) is Zeus's V100 measurement
+(``carbonflow.energy.simulated.ZeusPowerModel``). A warm-started nightly retrain of ImageNet or LibriSpeech
+needs only a fraction of a full training (to target they take 20 h and 16 h at b0): every job's epochs are
+scaled so that its expected run at b0 and the default limit is at most 4 h (ImageNet × 0.19, LibriSpeech
+× 0.24, the others × 1). A job's epoch budget (``JobSpec.epochs``) is 2 × its expected epochs at b0 (at
+most Zeus's ``max_epochs``, scaled): a run that has not reached its target by then stops (``target_misses``).
+Replayed over a year of real grid intensity:
 
 * GB and DE — Let's Wait Awhile 2020 (lifecycle, 30/15-min), ``carbon/lets-wait-awhile``;
 * US-CAL-CISO — Electricity Maps 2022 hourly (lifecycle), ``carbon/electricitymaps-portal``.
@@ -19,23 +23,40 @@ fraction of its solo speed Gavel measured for the mapped job types (``carbonflow
 V100); the shared GPU draws the simulation's assumption ``DeviceModel.shared_power_w`` (the hungrier
 job's solo power, capped at the limit). Everything here is **simulated** from published measurements.
 
+Learning across recurrences (every policy but the baseline keeps its own ``JobHistory`` of the runs it
+made): epochs to target per batch size (``JobHistory.epochs_to_target``), the deadline margin (the latest
+start is planned for 1.5 × the most epochs a recent run needed, the whole budget until 3 runs converged)
+and, where the job opts in (``batch_sizes`` = every size Zeus measured on the V100 for the workload), the
+batch size: ``carbonflow.planning.optimizer.batch_size_explorer`` (profile-ordered Thompson sampling) chooses
+it night by night from the realised runs, **exploration included** — an exploratory run is stopped at the
+explorer's threshold (1.5 × the best mean energy) and rerun at once at the best known batch size, and all
+of it is counted. Nothing is known in hindsight except in the ``oracle`` row. The simulation's profiles
+are exact, so the history's prediction corrections are 1 (each record's prediction is for the epochs run).
+
 Policies compared (all decisions by ``carbonflow.planning``):
-``baseline`` start now, default (max) power limit, one job per GPU; ``power_limit`` the limit alone
+``baseline`` start now, b0, default (max) power limit, one job per GPU; ``power_limit`` the limit alone
 (objective energy, start now); ``start_time`` the start alone (default limit); ``colocation`` pairs alone
-(default limit, start now); ``joint`` — ``plan_night``: limit, start and pairs together. Every policy
-keeps each job's ``max_slowdown`` (10 %) and finish-by.
+(default limit, start now); ``batch_size`` the learned batch size alone (default limit, start now);
+``joint_without_batch_size`` — ``plan_night``: limit, start and pairs; ``joint`` — ``plan_night`` with
+the batch size too (the figure the targets are about); ``oracle`` — a ceiling, not a policy: ``plan_night``
+with the *actual* series as its forecast and each job's best batch size known in hindsight (least expected
+energy to target within the bound). Every policy keeps each job's ``max_slowdown`` (10 % over b0 at the
+default limit) and finish-by.
 
 Per trace the JSON holds ``carbon_reduction`` (1 − joint / baseline emissions), ``deadline_misses`` and
-``runtime_increase`` (Σ run time / Σ baseline run time − 1; waiting for a later start is not run time),
-and the same for each knob alone.
+``runtime_increase`` (Σ run time to target / Σ baseline run time − 1; waiting for a later start is not run
+time), and the same for each policy. Where the 0.40 target is out of reach, ``oracle`` shows how far even
+perfect knowledge gets inside the 12 h evening window: the night's intensity spread bounds what the start
+can gain (US-CAL-CISO's low-carbon hours are midday solar, outside an 18:00–06:00 window).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -47,8 +68,9 @@ from carbonflow.carbon.calibration import default_error_model
 from carbonflow.carbon.traces import load_trace
 from carbonflow.energy.simulated import ZeusPowerModel, workload_defaults
 from carbonflow.models import Config, Forecast, ForecastPoint, JobSpec, Plan, Profile, ProfilePoint
-from carbonflow.planning import PairProfile, pair_timeline, plan_job, plan_night
+from carbonflow.planning import JobHistory, PairProfile, RunRecord, pair_timeline, plan_job, plan_night
 from carbonflow.planning.costs import IntensityIntegral
+from carbonflow.planning.optimizer import batch_size_explorer
 from carbonflow.simulation.devices import DeviceModel
 from carbonflow.simulation.interference import GAVEL_TO_ZEUS, load_pair_table
 
@@ -65,6 +87,9 @@ MAX_SLOWDOWN = 0.10
 DUPLICATED = ("cifar100", "movielens-1m")  # two workloads run twice a night
 ROBUST = False
 """``--robust``: hand the planner the forecast's error model and plan with ``robust=True`` (shrinkage)."""
+EPOCH_BUDGET = 2.0
+"""A job's epoch budget (``JobSpec.epochs``) is this × its expected epochs to target at b0 (at most Zeus's
+``max_epochs``, both × the job's scale)."""
 MAX_JOB_H = 4.0
 """A nightly retrain is warm-started: a job does its epochs to target, but at most this many hours of work at
 the default limit (ImageNet and LibriSpeech to target take 20 h and 17 h on a V100)."""
@@ -72,57 +97,101 @@ the default limit (ImageNet and LibriSpeech to target take 20 h and 17 h on a V1
 
 @dataclass(frozen=True)
 class JobType:
+    """One recurring job: a Zeus workload trained to its target on a simulated V100."""
+
     name: str
     dataset: str
     network: str
-    epochs: float
-    model: ZeusPowerModel
+    b0: int
+    scale: float
+    """Fraction of a full training to target this nightly (warm-started) retrain needs (1 unless capped)."""
+    budget_epochs: int
+    """The job's epoch budget (``JobSpec.epochs``): a run that has not reached its target by then stops."""
+    models: dict[int, ZeusPowerModel]
+    paths: dict[int, np.ndarray]
+    """Epochs to target of each of Zeus's training paths (seeds) per batch size, × ``scale``; NaN: never."""
     gavel_index: int
+
+    @property
+    def model(self) -> ZeusPowerModel:
+        return self.models[self.b0]
+
+    def hindsight(self) -> tuple[int, float]:
+        """(batch size, max_slowdown relative to it) of the least expected energy to target within the job's
+        10 % bound over b0 at the default limit: known only in hindsight (for the ``oracle`` row)."""
+        ref_s = self.epochs * self.model.time_per_epoch_s(self.model.max_power_w)
+        best = (math.inf, self.b0, ref_s)
+        for bs, m in self.models.items():
+            if np.isnan(self.paths[bs]).any():
+                continue
+            ep = float(np.mean(self.paths[bs]))
+            for pl in m.power_limits_w:
+                t = ep * m.time_per_epoch_s(pl)
+                if t <= ref_s * (1 + MAX_SLOWDOWN) * (1 + 1e-9):
+                    best = min(best, (t * m.average_power_w(pl), bs, ep * m.time_per_epoch_s(m.max_power_w)))
+        _, bs, own_ref_s = best
+        return bs, ref_s * (1 + MAX_SLOWDOWN) / own_ref_s - 1
+
+    @property
+    def epochs(self) -> float:
+        """Expected epochs to target at b0."""
+        return float(np.nanmean(self.paths[self.b0]))
 
 
 def job_types() -> list[JobType]:
-    """The night's jobs: Zeus workloads at b0 on V100, epochs = mean epochs to target in Zeus's train trace."""
+    """The night's jobs: Zeus workloads on V100, trained to Zeus's target; every batch size Zeus measured."""
     train = pd.read_csv(DATA / "zeus/summary_train.csv")
+    power = pd.read_csv(DATA / "zeus/summary_power_v100.csv")
     pairs = load_pair_table()
     by_model: dict[tuple[str, str], int] = {}
     for i, model in enumerate(pairs.models):  # first Gavel type (sorted) of the model mapped to each workload
         by_model.setdefault(GAVEL_TO_ZEUS[model], i)
     out = []
-    defaults = workload_defaults()
-    for (dataset, network), d in defaults.items():
-        model = ZeusPowerModel.load("V100", dataset, network)
+    for (dataset, network), d in workload_defaults().items():
+        model0 = ZeusPowerModel.load("V100", dataset, network)
         rows = train[
             (train.dataset == dataset)
             & (train.network == network)
-            & (train.optimizer == model.optimizer)
-            & (train.batch_size == model.batch_size)
+            & (train.optimizer == model0.optimizer)
             & (train.target_metric == d["target_metric"])
         ]
-        epochs = float(max(1, round(rows.target_epoch.dropna().mean())))  # the planner counts whole epochs
-        per_epoch_s = model.time_per_epoch_s(model.max_power_w)
-        epochs = float(max(1, min(epochs, MAX_JOB_H * 3600 // per_epoch_s)))
+        measured = set(power[(power.dataset == dataset) & (power.network == network)].batch_size)
+        raw = {int(b): g.target_epoch.to_numpy(dtype=float) for b, g in rows.groupby("batch_size") if b in measured}
+        b0 = model0.batch_size
+        mean_b0 = float(np.nanmean(raw[b0]))
+        full_s = mean_b0 * model0.time_per_epoch_s(model0.max_power_w)
+        scale = min(1.0, MAX_JOB_H * 3600 / full_s)
+        budget = min(math.ceil(d["max_epochs"] * scale), math.ceil(EPOCH_BUDGET * mean_b0 * scale))
+        models = {b: ZeusPowerModel.load("V100", dataset, network, batch_size=b) for b in raw}
+        paths = {b: v * scale for b, v in raw.items()}
         copies = 2 if dataset in DUPLICATED else 1
         for c in range(copies):
-            out.append(JobType(f"{dataset}-{c}", dataset, network, epochs, model, by_model[(dataset, network)]))
+            out.append(
+                JobType(
+                    f"{dataset}-{c}", dataset, network, b0, scale, budget, models, paths, by_model[(dataset, network)]
+                )
+            )
     return out
 
 
 def profile_for(jt: JobType, now: datetime) -> Profile:
+    """The job's profile: every (batch size, power limit) Zeus measured on the V100 (exact in this simulation)."""
     points = []
-    for pl in jt.model.power_limits_w:
-        tput = SAMPLES_PER_EPOCH / jt.model.time_per_epoch_s(pl)
-        power = jt.model.average_power_w(pl)
-        points.append(
-            ProfilePoint(
-                config=Config(containers=1, power_limit_w=pl),
-                throughput_samples_per_s=tput,
-                power_per_device_w={"sim0": power},
-                energy_per_sample_j=power / tput,
-                duration_s=30,
-                samples=int(tput * 30),
-                label="simulated",
+    for bs, model in sorted(jt.models.items()):
+        for pl in model.power_limits_w:
+            tput = SAMPLES_PER_EPOCH / model.time_per_epoch_s(pl)
+            power = model.average_power_w(pl)
+            points.append(
+                ProfilePoint(
+                    config=Config(containers=1, power_limit_w=pl, batch_size=bs),
+                    throughput_samples_per_s=tput,
+                    power_per_device_w={"sim0": power},
+                    energy_per_sample_j=power / tput,
+                    duration_s=30,
+                    samples=int(tput * 30),
+                    label="simulated",
+                )
             )
-        )
     return Profile(
         job=jt.name,
         device_model="V100 (simulated)",
@@ -137,6 +206,7 @@ def profile_for(jt: JobType, now: datetime) -> Profile:
 
 
 def pair_profiles(types: list[JobType], device: DeviceModel) -> list[PairProfile]:
+    """Pairs measured at each job's reference configuration (b0, default limit)."""
     pairs = load_pair_table()
     out = []
     limit = device.default_power_limit_w
@@ -191,62 +261,194 @@ def make_forecast(
     return fc(noisy, "replay+calibrated-error", mae), fc(values, "actual", None)
 
 
+POLICIES = (
+    "baseline",
+    "power_limit",
+    "start_time",
+    "colocation",
+    "batch_size",
+    "joint_without_batch_size",
+    "joint",
+    "oracle",
+)
+
+
 @dataclass
 class Tally:
     emissions_g: float = 0.0
     energy_j: float = 0.0
     runtime_s: float = 0.0
     misses: int = 0
+    target_misses: int = 0
     jobs: int = 0
     colocated: int = 0
+    runs: int = 0
+    early_stopped: int = 0
+    batch_sizes: dict[str, dict[int, int]] = field(default_factory=dict)
+
+
+class Night:
+    """One night's realisation: sampled training paths (the same for every policy) and the actual intensity."""
+
+    def __init__(self, n: int, seed: int, now: datetime, actual: IntensityIntegral, types: dict[str, JobType]):
+        self.n, self.seed, self.now, self.actual, self.types = n, seed, now, actual, types
+        self.finish_by = now + timedelta(hours=WINDOW_H)
+        self._order = {name: i for i, name in enumerate(types)}
+
+    def epochs_needed(self, job: str, bs: int, attempt: int = 0) -> float:
+        """Epochs this night's run of ``job`` at ``bs`` needs to reach the target (NaN: never): one Zeus path,
+        drawn with a generator seeded by (seed, night, job, batch size, attempt), so every policy sees the same."""
+        paths = self.types[job].paths[bs]
+        rng = np.random.default_rng([self.seed, self.n, self._order[job], bs, attempt])
+        return float(paths[int(rng.integers(len(paths)))])
+
+    def emissions_g(self, energy_j: float, start: datetime, duration_s: float) -> float:
+        s = (start - self.now).total_seconds()
+        return energy_j / 3.6e6 * float(self.actual.mean(s, duration_s))
+
+
+def run_solo(
+    night: Night,
+    plan: Plan,
+    spec: JobSpec,
+    profile: Profile,
+    history: JobHistory | None,
+    tally: Tally,
+    attempt: int = 0,
+) -> None:
+    """Run one plan on the actual series: to the target, the epoch budget, or (an exploratory batch size of a
+    job that learns it) the explorer's early-stop threshold; a stopped run is rerun at once at the best known
+    batch size and the default limit. Records the run into ``history``."""
+    jt = night.types[plan.job]
+    bs = plan.config.batch_size or jt.b0
+    model = jt.models[bs]
+    pl = plan.config.power_limit_w or model.max_power_w
+    t_epoch, p_w = model.time_per_epoch_s(pl), model.average_power_w(pl)
+    needed = night.epochs_needed(plan.job, bs, attempt)
+    cap = float(jt.budget_epochs)
+    explorer = batch_size_explorer(spec, profile, history) if spec.batch_sizes else None
+    stop_j = explorer.stop_threshold(bs) if explorer is not None else math.inf
+    cap_by_cost = stop_j / (t_epoch * p_w) if math.isfinite(stop_j) else math.inf
+    limit = min(cap, cap_by_cost)
+    reached = bool(np.isfinite(needed) and needed <= limit)
+    epochs = needed if reached else limit
+    duration = epochs * t_epoch
+    energy = duration * p_w
+    end = plan.start + timedelta(seconds=duration)
+    tally.runs += 1
+    tally.energy_j += energy
+    tally.emissions_g += night.emissions_g(energy, plan.start, duration)
+    tally.runtime_s += duration
+    tally.batch_sizes.setdefault(plan.job, {})
+    tally.batch_sizes[plan.job][bs] = tally.batch_sizes[plan.job].get(bs, 0) + 1
+    if history is not None:
+        history.add(
+            RunRecord(
+                job=plan.job,
+                config_key=plan.config.key(),
+                finished_at=end,
+                # The simulation's profiles are exact: the prediction for the epochs run equals the realisation
+                # (epochs to target are learned separately, by JobHistory.epochs_to_target and the explorer).
+                predicted_duration_s=duration,
+                realised_duration_s=duration,
+                predicted_energy_j=energy,
+                realised_energy_j=energy,
+                batch_size=bs,
+                power_limit_w=pl,
+                epochs=epochs,
+                reached_target=reached,
+            )
+        )
+    if not reached and limit < cap and attempt < 3:  # early-stopped exploration: rerun at the best known size
+        tally.early_stopped += 1
+        best_bs = explorer.best_mean()[0] if explorer is not None else jt.b0
+        late = spec.finish_by is not None and end >= spec.finish_by
+        retry = spec.model_copy(
+            update={"batch_size": best_bs, "batch_sizes": None, "finish_by": None if late else spec.finish_by}
+        )
+        replan = plan_job(retry, profile, None, end, history, on_infeasible="fastest")
+        run_solo(night, replan, retry, profile, history, tally, attempt + 1)
+        return
+    tally.jobs += 1
+    tally.target_misses += not reached
+    tally.misses += end > night.finish_by + timedelta(seconds=1)
+
+
+def run_pair(
+    night: Night, p: Plan, other: Plan, pairs: list[PairProfile], history: JobHistory | None, tally: Tally
+) -> None:
+    """A co-located pair at its reference configuration (b0, the plan's limit), both trained to target."""
+    jt, ot = night.types[p.job], night.types[other.job]
+    pair = next(x for x in pairs if x.speeds(p.job, other.job) is not None)
+    sa, sb = pair.speeds(p.job, other.job)  # type: ignore[misc]
+    pl = p.config.power_limit_w or jt.model.max_power_w
+    eps = []
+    for t in (jt, ot):
+        needed = night.epochs_needed(t.name, t.b0)
+        eps.append((needed, True) if np.isfinite(needed) and needed <= t.budget_epochs else (t.budget_epochs, False))
+    da = eps[0][0] * jt.model.time_per_epoch_s(pl)
+    db = eps[1][0] * ot.model.time_per_epoch_s(pl)
+    tl = pair_timeline(da, db, sa, sb)
+    tail_power = (ot if tl.tail_job == "b" else jt).model.average_power_w(pl)
+    e_overlap, e_tail = pair.power_w * tl.overlap_s, tail_power * tl.tail_s
+    tally.energy_j += e_overlap + e_tail
+    tally.emissions_g += night.emissions_g(e_overlap, p.start, tl.overlap_s)
+    tally.emissions_g += night.emissions_g(e_tail, p.start + timedelta(seconds=tl.overlap_s), tl.tail_s)
+    share_a = sa / (sa + sb)
+    for plan, t, total, solo, (epochs, reached), e_share in (
+        (p, jt, tl.total_a_s, da, eps[0], e_overlap * share_a + (e_tail if tl.tail_job == "a" else 0.0)),
+        (other, ot, tl.total_b_s, db, eps[1], e_overlap * (1 - share_a) + (e_tail if tl.tail_job == "b" else 0.0)),
+    ):
+        end = plan.start + timedelta(seconds=total)
+        tally.runtime_s += total
+        tally.misses += end > plan.finish_by + timedelta(seconds=1)
+        tally.target_misses += not reached
+        tally.jobs += 1
+        tally.runs += 1
+        tally.colocated += 1
+        tally.batch_sizes.setdefault(t.name, {})
+        tally.batch_sizes[t.name][t.b0] = tally.batch_sizes[t.name].get(t.b0, 0) + 1
+        if history is not None:
+            history.add(
+                RunRecord(
+                    job=t.name,
+                    config_key=plan.config.key(),
+                    finished_at=end,
+                    predicted_duration_s=total,
+                    realised_duration_s=total,
+                    predicted_energy_j=e_share,
+                    realised_energy_j=e_share,
+                    batch_size=t.b0,
+                    power_limit_w=pl,
+                    epochs=epochs,
+                    reached_target=reached,
+                    colocated_with=tuple(plan.colocated_with),
+                    observed_slowdown=total / solo - 1,
+                )
+            )
 
 
 def realise(
+    night: Night,
     plans: list[Plan],
-    types: dict[str, JobType],
+    specs: dict[str, JobSpec],
+    profiles: dict[str, Profile],
     pairs: list[PairProfile],
-    actual: IntensityIntegral,
-    now: datetime,
+    history: JobHistory | None,
     tally: Tally,
 ) -> None:
-    """What the plans really emit on the actual series (durations are exact in this simulation)."""
+    """What the plans really emit and take on the actual series (the night's sampled epochs to target)."""
     by_name = {p.job: p for p in plans}
     done: set[str] = set()
     for p in plans:
         if p.job in done:
             continue
-        jt = types[p.job]
         if p.colocated_with:
             other = by_name[p.colocated_with[0]]
-            ot = types[other.job]
-            pair = next(x for x in pairs if x.speeds(p.job, other.job) is not None)
-            sa, sb = pair.speeds(p.job, other.job)  # type: ignore[misc]
-            pl = p.config.power_limit_w or jt.model.max_power_w
-            da = jt.epochs * jt.model.time_per_epoch_s(pl)
-            db = ot.epochs * ot.model.time_per_epoch_s(pl)
-            tl = pair_timeline(da, db, sa, sb)
-            s = (p.start - now).total_seconds()
-            tail_power = (ot if tl.tail_job == "b" else jt).model.average_power_w(pl)
-            e_overlap, e_tail = pair.power_w * tl.overlap_s, tail_power * tl.tail_s
-            tally.energy_j += e_overlap + e_tail
-            tally.emissions_g += e_overlap / 3.6e6 * float(actual.mean(s, tl.overlap_s))
-            tally.emissions_g += e_tail / 3.6e6 * float(actual.mean(s + tl.overlap_s, tl.tail_s))
-            for plan, total in ((p, tl.total_a_s), (other, tl.total_b_s)):
-                tally.runtime_s += total
-                tally.misses += plan.start + timedelta(seconds=total) > plan.finish_by + timedelta(seconds=1)
-                tally.jobs += 1
-                tally.colocated += 1
+            run_pair(night, p, other, pairs, history, tally)
             done.update((p.job, other.job))
             continue
-        pl = p.config.power_limit_w or jt.model.max_power_w
-        d = jt.epochs * jt.model.time_per_epoch_s(pl)
-        e = jt.model.average_power_w(pl) * d
-        s = (p.start - now).total_seconds()
-        tally.energy_j += e
-        tally.emissions_g += e / 3.6e6 * float(actual.mean(s, d))
-        tally.runtime_s += d
-        tally.misses += p.start + timedelta(seconds=d) > p.finish_by + timedelta(seconds=1)
-        tally.jobs += 1
+        run_solo(night, p, specs[p.job], profiles[p.job], history, tally)
         done.add(p.job)
 
 
@@ -261,7 +463,9 @@ def run_trace(region: str, path: Path, tz: str, nights: int, every: int, seed: i
     pairs = pair_profiles(types, device)
     first = actual.index[0].to_pydatetime()
     day0 = (first + timedelta(days=1)).date()
-    tallies = {k: Tally() for k in ("baseline", "power_limit", "start_time", "colocation", "joint")}
+    hind = {t.name: t.hindsight() for t in types}
+    tallies = {k: Tally() for k in POLICIES}
+    histories = {k: JobHistory() for k in POLICIES if k != "baseline"}
     t0 = time.perf_counter()
     for n in range(0, nights, every):
         day = day0 + timedelta(days=n)
@@ -272,44 +476,76 @@ def run_trace(region: str, path: Path, tz: str, nights: int, every: int, seed: i
         if pd.Timestamp(now + timedelta(hours=WINDOW_H + 12)) > actual.index[-1]:
             break
         forecast, perfect = make_forecast(region, actual, now, trace.slot_s, rng, model)
-        actual_integral = IntensityIntegral(perfect, now)
+        night = Night(n, seed, now, IntensityIntegral(perfect, now), by_name)
         finish_by = now + timedelta(hours=WINDOW_H)
         profiles = {t.name: profile_for(t, now) for t in types}
 
         def spec(
-            t: JobType, objective: str = "carbon", fixed_pl: float | None = None, finish: datetime = finish_by
+            t: JobType,
+            objective: str = "carbon",
+            fixed_pl: float | None = None,
+            bs: bool = False,
+            finish_by: datetime = finish_by,
         ) -> JobSpec:
             return JobSpec(
                 name=t.name,
                 workload="zeus-replay",
-                epochs=max(1, round(t.epochs)),
+                epochs=t.budget_epochs,
+                batch_size=t.b0,
+                batch_sizes=sorted(t.models) if bs else None,
+                target_metric="zeus-target",
                 region=region,
-                finish_by=finish,
+                finish_by=finish_by,
                 objective=objective,
                 max_slowdown=MAX_SLOWDOWN,
                 power_limit_w=fixed_pl,
             )
 
-        plans = {
-            "baseline": [plan_job(spec(t, "time", t.model.max_power_w), profiles[t.name], None, now) for t in types],
-            "power_limit": [plan_job(spec(t, "energy"), profiles[t.name], None, now) for t in types],
-            "start_time": [
-                plan_job(spec(t, "carbon", t.model.max_power_w), profiles[t.name], forecast, now, robust=ROBUST)
+        specs = {
+            "baseline": {t.name: spec(t, "time", t.model.max_power_w) for t in types},
+            "power_limit": {t.name: spec(t, "energy") for t in types},
+            "start_time": {t.name: spec(t, "carbon", t.model.max_power_w) for t in types},
+            "colocation": {t.name: spec(t, "energy", t.model.max_power_w) for t in types},
+            "batch_size": {t.name: spec(t, "energy", t.model.max_power_w, bs=True) for t in types},
+            "joint_without_batch_size": {t.name: spec(t) for t in types},
+            "joint": {t.name: spec(t, bs=True) for t in types},
+            "oracle": {
+                t.name: spec(t).model_copy(update={"batch_size": hind[t.name][0], "max_slowdown": hind[t.name][1]})
                 for t in types
+            },
+        }
+        h = histories
+        plans = {
+            "baseline": [plan_job(s, profiles[k], None, now) for k, s in specs["baseline"].items()],
+            "power_limit": [
+                plan_job(s, profiles[k], None, now, h["power_limit"]) for k, s in specs["power_limit"].items()
+            ],
+            "start_time": [
+                plan_job(s, profiles[k], forecast, now, h["start_time"], robust=ROBUST)
+                for k, s in specs["start_time"].items()
             ],
             "colocation": plan_night(
-                [spec(t, "energy", t.model.max_power_w) for t in types],
+                list(specs["colocation"].values()), profiles, {region: None}, now, pairs, h["colocation"]
+            ),
+            "batch_size": [
+                plan_job(s, profiles[k], None, now, h["batch_size"]) for k, s in specs["batch_size"].items()
+            ],
+            "joint_without_batch_size": plan_night(
+                list(specs["joint_without_batch_size"].values()),
                 profiles,
-                {region: None},
+                {region: forecast},
                 now,
-                pair_profiles=pairs,
+                pairs,
+                h["joint_without_batch_size"],
+                robust=ROBUST,
             ),
             "joint": plan_night(
-                [spec(t) for t in types], profiles, {region: forecast}, now, pair_profiles=pairs, robust=ROBUST
+                list(specs["joint"].values()), profiles, {region: forecast}, now, pairs, h["joint"], robust=ROBUST
             ),
+            "oracle": plan_night(list(specs["oracle"].values()), profiles, {region: perfect}, now, pairs, h["oracle"]),
         }
         for key, ps in plans.items():
-            realise(ps, by_name, pairs, actual_integral, now, tallies[key])
+            realise(night, ps, specs[key], profiles, pairs, histories.get(key), tallies[key])
     base = tallies["baseline"]
     out: dict[str, object] = {
         "region": region,
@@ -326,8 +562,12 @@ def run_trace(region: str, path: Path, tz: str, nights: int, every: int, seed: i
             "carbon_reduction": 1 - t.emissions_g / base.emissions_g,
             "energy_reduction": 1 - t.energy_j / base.energy_j,
             "deadline_misses": t.misses,
+            "target_misses": t.target_misses,
             "runtime_increase": t.runtime_s / base.runtime_s - 1,
             "colocated_job_runs": t.colocated,
+            "runs": t.runs,
+            "early_stopped_runs": t.early_stopped,
+            "batch_size_runs": {job: {str(b): c for b, c in sorted(bs.items())} for job, bs in t.batch_sizes.items()},
         }
     joint = out["joint"]
     out["carbon_reduction"] = joint["carbon_reduction"]  # type: ignore[index]
@@ -358,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
             + "  ".join(
                 f"{k}: {r[k]['carbon_reduction']:+.3f} carbon, {r[k]['runtime_increase']:+.3f} runtime, "
                 f"{r[k]['deadline_misses']} misses"
-                for k in ("power_limit", "start_time", "colocation", "joint")
+                for k in POLICIES[1:]
             ),
             flush=True,
         )
