@@ -100,3 +100,35 @@ def test_observed_slowdown_validates():
     assert observed_slowdown(100, 50) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="throughputs"):
         observed_slowdown(0, 1)
+
+
+def test_a_colocated_pair_trained_to_target_plans_finish_by_for_its_most_epochs():
+    from carbonflow.planning import JobHistory, RunRecord
+    from carbonflow.planning.optimizer import DEADLINE_EPOCH_MARGIN
+
+    # 500 s per epoch; 2, 2, 3 epochs to target seen: expected 7/3, planned for 1.5 x 3 = 4.5 epochs.
+    records = [
+        RunRecord(
+            job=job,
+            config_key="c1-pl250",
+            finished_at=NOW - timedelta(days=d),
+            predicted_duration_s=1.0,
+            realised_duration_s=1.0,
+            predicted_energy_j=1.0,
+            realised_energy_j=1.0,
+            batch_size=64,
+            epochs=e,
+            reached_target=True,
+        )
+        for job in ("a", "b")
+        for d, e in ((3, 2.0), (2, 2.0), (1, 3.0))
+    ]
+    specs = [make_spec(n, hours=2.0, epochs=6, target_metric="accuracy") for n in ("a", "b")]
+    profiles = {n: make_profile(rows=LIGHT, job=n) for n in ("a", "b")}
+    forecast = make_forecast([400.0] * 3 + [50.0] * 4)  # low only in the last half hour before finish_by
+    pairs = [PairProfile("a", "b", 0.95, 0.95, power_w=130.0, label="simulated")]
+    plans = plan_night(specs, profiles, {"GB": forecast}, NOW, pair_profiles=pairs, history=JobHistory(records))
+    assert all(p.colocated_with for p in plans)
+    worst_s = DEADLINE_EPOCH_MARGIN * 3.0 * 500.0 / 0.95  # both at 95 % of their speed the whole time
+    for p in plans:
+        assert p.start + timedelta(seconds=worst_s) <= p.finish_by + timedelta(seconds=1)  # starts kept to the ms
