@@ -59,6 +59,25 @@ def run(
     raise typer.Exit(code)
 
 
+@app.command("run-shared")
+def run_shared(
+    request: Annotated[Path, typer.Option(help="SharedRequest JSON: the two jobs, their plans and commands")],
+    result: Annotated[Path, typer.Option(help="where to write the measured pair result (JSON)")],
+) -> None:
+    """Run two co-located jobs on one GPU, measure the GPU once and split its energy between them."""
+    from pydantic import ValidationError
+
+    from carbonflow.execution.shared import main_from_file
+
+    if not request.is_file():
+        raise typer.BadParameter(f"{request} is not a readable file", param_hint="--request")
+    try:
+        code = main_from_file(request, result)
+    except ValidationError as err:
+        raise typer.BadParameter(str(err), param_hint="--request") from None
+    raise typer.Exit(code)
+
+
 @app.command()
 def profile(
     job: Annotated[Path, typer.Argument(help="JobSpec JSON file", exists=True, dir_okay=False)],

@@ -71,6 +71,10 @@ class SimulatedGpuSpec(_Model):
     batch_size: int | None = Field(default=None, gt=0, description="None: the workload's default b0")
     optimizer: str | None = None
     count: int = Field(default=1, ge=1, le=16, description="simulated GPUs on this node")
+    pair_type: str | None = Field(
+        default=None,
+        description="Gavel job type whose measured V100 pair speeds this job follows when it shares a simulated GPU",
+    )
 
 
 class JobSpec(_Model):

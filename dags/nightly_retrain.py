@@ -1,7 +1,10 @@
-"""nightly_retrain: every evening, profile → plan → wait → train → log for each recurring job.
+"""nightly_retrain: every evening, profile → pair-profile → plan the night → wait → train → log.
 
 Jobs are declared here; all logic lives in carbonflow's operators. Each job must finish by the
-next morning (07:00 UTC). Set CARBONFLOW_REPLAY=1 (as `make demo` does) to replay the shipped
+next morning (07:00 UTC). The night is planned jointly: each job's power limit, containers and
+start, and which jobs share a GPU (pairs whose measured slowdown stays inside both jobs' bounds);
+a co-located pair runs in one GPU-pool slot, launched by the first job's task.
+Set CARBONFLOW_REPLAY=1 (as `make demo` does) to replay the shipped
 NESO GB forecasts instead of calling live carbon-intensity APIs.
 """
 
@@ -11,7 +14,13 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
-from carbonflow.operators import CarbonAwareTrainingOperator, EnergyProfileOperator, ValidateJobsOperator
+from carbonflow.operators import (
+    CarbonAwareTrainingOperator,
+    EnergyProfileOperator,
+    NightPlanOperator,
+    PairProfileOperator,
+    ValidateJobsOperator,
+)
 from carbonflow.workloads.catalog import NIGHTLY_JOBS
 
 GPU_POOL = "carbonflow_gpu"
@@ -39,12 +48,21 @@ with DAG(
     tags=["carbonflow", "nightly"],
 ) as dag:
     validate = ValidateJobsOperator(task_id="validate", jobs=JOBS)
-    for job in JOBS:
-        name = job["name"]
-        key = name.replace("-", "_")
-        job_json = f"{{{{ ti.xcom_pull(task_ids='validate', key='{name}') }}}}"
-        profile = EnergyProfileOperator(task_id=f"profile_{key}", job=job_json, pool=GPU_POOL)
+    job_jsons = {job["name"]: f"{{{{ ti.xcom_pull(task_ids='validate', key='{job['name']}') }}}}" for job in JOBS}
+    profile_ids = {name: "profile_" + name.replace("-", "_") for name in job_jsons}
+    pairs = PairProfileOperator(task_id="profile_pairs", jobs=job_jsons, profile_task_ids=profile_ids, pool=GPU_POOL)
+    night = NightPlanOperator(
+        task_id="plan_night", jobs=job_jsons, profile_task_ids=profile_ids, pair_profile_task_id="profile_pairs"
+    )
+    for name, job_json in job_jsons.items():
+        profile = EnergyProfileOperator(task_id=profile_ids[name], job=job_json, pool=GPU_POOL)
         train = CarbonAwareTrainingOperator(
-            task_id=f"train_{key}", job=job_json, profile_task_id=f"profile_{key}", pool=GPU_POOL
+            task_id="train_" + name.replace("-", "_"),
+            job=job_json,
+            profile_task_id=profile_ids[name],
+            night_plan_task_id="plan_night",
+            pool=GPU_POOL,
         )
-        validate >> profile >> train
+        validate >> profile >> pairs
+        night >> train
+    pairs >> night

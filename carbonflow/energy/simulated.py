@@ -312,3 +312,139 @@ def slowdown_from_env(environ: dict[str, str] | None = None) -> float:
     if not value > 0:
         raise EnergyError(f"{SLOWDOWN_ENV}={raw!r} is not allowed; expected a positive factor such as 1.25")
     return value
+
+
+SHARED_POWER_FACTOR = 1.2
+"""Simulator assumption: a GPU time-sliced by two jobs draws this × the higher solo power, capped at its
+limit (Zeus measured jobs alone only). carbonflow.simulation's cluster replay makes the same assumption."""
+
+
+GAVEL_PAIRS_CSV = ("simulation", "data", "gavel_pairs_v100.csv")
+"""Gavel's measured V100 pair throughputs (MIT; see carbonflow/simulation/data/NOTICE.md)."""
+
+
+@cache
+def _gavel_pairs() -> dict[tuple[str, str], float]:
+    """(job type, next to job type) -> fraction of solo speed kept, for the pairs Gavel could run."""
+    ref = resources.files("carbonflow").joinpath(*GAVEL_PAIRS_CSV)
+    return {
+        (row["job_a"], row["job_b"]): float(row["norm_tput_a"])
+        for row in csv.DictReader(ref.read_text(encoding="utf-8").splitlines())
+        if row["gpu"].lower() == "v100" and row["pair_ok"] == "1"
+    }
+
+
+def pair_kept_speeds(type_a: str, type_b: str) -> tuple[float, float]:
+    """Fractions of solo speed two Gavel job types keep while sharing one V100 (Gavel's measurements)."""
+    pairs = _gavel_pairs()
+    known = sorted({a for a, _ in pairs})
+    for job_type in (type_a, type_b):
+        if job_type not in known:
+            raise EnergyError(f"pair_type={job_type!r} is not a Gavel V100 job type; allowed: {known}")
+    if (type_a, type_b) not in pairs or (type_b, type_a) not in pairs:
+        raise EnergyError(f"pair_type {type_a!r} with {type_b!r}: Gavel could not run this pair on one V100")
+    return pairs[(type_a, type_b)], pairs[(type_b, type_a)]
+
+
+class SimulatedSharedGpu(Device):
+    """One simulated GPU time-sliced by two jobs (labelled ``simulated``).
+
+    Each job's speed and power per limit replay its own Zeus workload; while both work, each keeps
+    the fraction of its solo speed Gavel measured for their pair on a V100 (``pair_type`` of each
+    spec), and the device draws :data:`SHARED_POWER_FACTOR` × the higher solo power, capped at the
+    limit. While one works it draws that job's solo power; while none works, nothing.
+    """
+
+    kind = "gpu"
+    label = "simulated"
+    supports_power_limit = True
+
+    def __init__(
+        self, specs: list[SimulatedGpuSpec], index: int = 0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        if len(specs) != 2:
+            raise EnergyError(f"a simulated shared GPU holds exactly 2 jobs; got {len(specs)}")
+        if len({s.gpu_model for s in specs}) != 1:
+            raise EnergyError(f"jobs sharing a GPU must simulate the same model; got {[s.gpu_model for s in specs]}")
+        missing = [i for i, s in enumerate(specs) if not s.pair_type]
+        if missing:
+            raise EnergyError(
+                "simulated_gpu.pair_type is required to share a simulated GPU (a Gavel job type, e.g. "
+                f"'ResNet-18 (batch size 64)'); missing for job {missing[0] + 1} of the pair"
+            )
+        self.specs = specs
+        self.models = [ZeusPowerModel.from_spec(s) for s in specs]
+        self.kept_speeds = pair_kept_speeds(specs[0].pair_type or "", specs[1].pair_type or "")
+        self.index = index
+        self._clock = clock
+        self._lock = threading.Lock()
+        low = max(m.min_power_limit_w for m in self.models)
+        high = min(m.max_power_w for m in self.models)
+        self._constraints_w = (low, high)
+        self._limit_w = high
+        self._active = [False, False]
+        self._energy_j = 0.0
+        self._last_t = clock()
+        key = f"{specs[0].gpu_model}:shared:{index}:" + "+".join(m.workload_key for m in self.models)
+        self.id = f"SIM-GPU-{uuid.uuid5(_SIM_NAMESPACE, key)}"
+        self.model = f"{GPU_NAMES[specs[0].gpu_model]} (simulated)"
+        self.notes = [
+            "simulated shared GPU: "
+            + " + ".join(f"{m.workload_key} as {s.pair_type}" for m, s in zip(self.models, specs, strict=True)),
+            f"pair speeds from Gavel's V100 measurements: {self.kept_speeds[0]:.3f} / {self.kept_speeds[1]:.3f}",
+            f"assumed: a shared GPU draws {SHARED_POWER_FACTOR:g} × the higher solo power, capped at its limit",
+        ]
+
+    def _power_locked(self) -> float:
+        solo = [m.average_power_w(self._limit_w) for m, on in zip(self.models, self._active, strict=True) if on]
+        if len(solo) == 2:
+            return min(self._limit_w, SHARED_POWER_FACTOR * max(solo))
+        return solo[0] if solo else 0.0
+
+    def _advance(self) -> float:
+        now = self._clock()
+        self._energy_j += (now - self._last_t) * self._power_locked()
+        self._last_t = now
+        return self._energy_j
+
+    def energy_j(self) -> float:
+        with self._lock:
+            return self._advance()
+
+    def power_w(self) -> float:
+        with self._lock:
+            return self._power_locked()
+
+    def set_active(self, member: int, active: bool) -> None:
+        """Mark job ``member`` (0 or 1) as working on the GPU or not."""
+        with self._lock:
+            self._advance()
+            self._active[member] = active
+
+    def set_busy(self, busy: bool) -> None:
+        """Both jobs working (True) or none (False)."""
+        with self._lock:
+            self._advance()
+            self._active = [busy, busy]
+
+    def power_limit_constraints_w(self) -> tuple[float, float]:
+        return self._constraints_w
+
+    def default_power_limit_w(self) -> float:
+        return self._constraints_w[1]
+
+    def power_limit_w(self) -> float:
+        return self._limit_w
+
+    def set_power_limit_w(self, limit_w: float) -> None:
+        self.check_power_limit_w(limit_w)
+        with self._lock:
+            self._advance()
+            self._limit_w = float(limit_w)
+
+    def member_slowdown_factor(self, member: int) -> float:
+        """How much slower job ``member`` runs than alone at the maximum limit (power limit × sharing)."""
+        with self._lock:
+            factor = self.models[member].slowdown(self._limit_w)
+            return factor / self.kept_speeds[member] if all(self._active) else factor

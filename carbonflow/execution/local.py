@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 from carbonflow.execution.commands import training_command
+from carbonflow.execution.shared import SharedRequest, SharedRun
 from carbonflow.execution.wrapper import WrappedRun
 from carbonflow.models import JobSpec, Plan
 
@@ -73,18 +74,7 @@ class LocalBackend:
             wrapper += ["--stop-below", f"{stop_below_fraction:g}"]
         command = training_command(spec, plan.config, python=self.python)
         log_path = run_dir / "training.log"
-        with log_path.open("wb") as log_file, self._lock:
-            self._process = subprocess.Popen(
-                [*wrapper, "--", *command], stdout=log_file, stderr=subprocess.STDOUT, env=dict(os.environ)
-            )
-        try:
-            code = self._process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise RunFailed(f"run {run_name!r} of job {spec.name!r} exceeded its timeout of {timeout_s:g} s") from None
-        finally:
-            with self._lock:
-                self._process = None
+        code = self._run([*wrapper, "--", *command], log_path, timeout_s, f"run {run_name!r} of job {spec.name!r}")
         if not result_path.exists():
             tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
             raise RunFailed(f"run {run_name!r} of job {spec.name!r} wrote no result (exit {code}); log tail:\n{tail}")
@@ -93,6 +83,48 @@ class LocalBackend:
             tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
             log.error("training of %s exited with %s; log tail:\n%s", spec.name, run.exit_code, tail)
         return run
+
+    def execute_shared(
+        self, request: SharedRequest, *, run_name: str = "shared", trace: bool = True, timeout_s: float | None = None
+    ) -> SharedRun:
+        """Run a co-located pair on one GPU through ``carbonflow run-shared``; the commands are filled in here."""
+        run_dir = self.workdir / run_name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        members = [
+            m.model_copy(update={
+                "command": training_command(m.job, m.plan.config, python=self.python),
+                "output_dir": m.output_dir or str(run_dir / f"output-{m.job.name}"),
+            })
+            for m in request.members
+        ]  # fmt: skip
+        update: dict[str, object] = {"members": members}
+        if trace:
+            update.update(trace_csv=str(run_dir / "power_trace.csv"), trace_interval_s=self.trace_interval_s)
+        request = request.model_copy(update=update)
+        request_path, result_path = run_dir / "shared.json", run_dir / "result.json"
+        request_path.write_text(request.model_dump_json(indent=2), encoding="utf-8")
+        result_path.unlink(missing_ok=True)
+        command = [self.python, "-m", "carbonflow.cli", "run-shared", "--request", str(request_path),
+                   "--result", str(result_path)]  # fmt: skip
+        names = "+".join(m.job.name for m in members)
+        code = self._run(command, run_dir / "training.log", timeout_s, f"run {run_name!r} of {names}")
+        if not result_path.exists():
+            tail = (run_dir / "training.log").read_text(encoding="utf-8", errors="replace")[-2000:]
+            raise RunFailed(f"run {run_name!r} of {names} wrote no result (exit {code}); log tail:\n{tail}")
+        return SharedRun.model_validate_json(result_path.read_text(encoding="utf-8"))
+
+    def _run(self, command: list[str], log_path: Path, timeout_s: float | None, what: str) -> int:
+        """Start the wrapper, wait for it (killing it at the timeout); returns its exit code."""
+        with log_path.open("wb") as log_file, self._lock:
+            self._process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=dict(os.environ))
+        try:
+            return self._process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise RunFailed(f"{what} exceeded its timeout of {timeout_s:g} s") from None
+        finally:
+            with self._lock:
+                self._process = None
 
     def kill(self) -> None:
         """Stop a running wrapper: SIGTERM, which makes it stop the training and restore power limits."""

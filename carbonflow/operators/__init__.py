@@ -10,6 +10,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from carbonflow.operators.night import NightPlanOperator, PairProfileOperator
     from carbonflow.operators.params import ValidateJobsOperator
     from carbonflow.operators.profile import EnergyProfileOperator
     from carbonflow.operators.training import CarbonAwareTrainingOperator
@@ -17,10 +18,18 @@ if TYPE_CHECKING:
 _WHERE = {
     "CarbonAwareTrainingOperator": "carbonflow.operators.training",
     "EnergyProfileOperator": "carbonflow.operators.profile",
+    "NightPlanOperator": "carbonflow.operators.night",
+    "PairProfileOperator": "carbonflow.operators.night",
     "ValidateJobsOperator": "carbonflow.operators.params",
 }
 
-__all__ = ["CarbonAwareTrainingOperator", "EnergyProfileOperator", "ValidateJobsOperator"]
+__all__ = [
+    "CarbonAwareTrainingOperator",
+    "EnergyProfileOperator",
+    "NightPlanOperator",
+    "PairProfileOperator",
+    "ValidateJobsOperator",
+]
 
 
 def __getattr__(name: str) -> Any:

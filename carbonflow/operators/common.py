@@ -112,3 +112,37 @@ class CarbonSource:
 
     def replay_window(self, region: str) -> tuple[datetime, datetime]:
         return self._replayer().replay_window(region)
+
+
+DEFAULT_REPLAY_EVENING_H = 6.0
+"""Replay starts this many hours after the replay's first published forecast (an evening for NESO GB)."""
+
+
+def carbon_source(replay: bool | None, conn_ids: dict[str, str] | None) -> CarbonSource:
+    """Replayed recorded data, or the live provider chain with keys from Airflow connections."""
+    live_credentials = None
+    if not replay_enabled(replay):
+        from carbonflow.operators.hooks import provider_credentials
+
+        live_credentials = provider_credentials(conn_ids)
+    return CarbonSource(replay=replay_enabled(replay), credentials=live_credentials)
+
+
+def operator_clock(source: CarbonSource, region: str, replay_start: str | None) -> Any:
+    """The wall clock, or in replay a clock reading ``replay_start`` (default: an evening of the replay) now."""
+    from carbonflow.operators.triggers import OperatorClock
+
+    if not source.replay:
+        return OperatorClock()
+    if replay_start:
+        start = datetime.fromisoformat(replay_start.replace("Z", "+00:00"))
+        if start.tzinfo is None:
+            raise ValueError(f"replay_start={replay_start!r} has no time zone; give it in UTC")
+    else:
+        start = source.replay_window(region)[0] + timedelta(hours=DEFAULT_REPLAY_EVENING_H)
+    return OperatorClock.replaying(start)
+
+
+def group_result_path(run_id: str, group: str, job: str) -> Path:
+    """Where the launcher of a co-located pair leaves each member's outcome for the member's own task."""
+    return home() / "runs" / safe_name(run_id) / "groups" / safe_name(group) / f"{job}.json"

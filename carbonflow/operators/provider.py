@@ -37,7 +37,11 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": "carbonflow",
-                "python-modules": ["carbonflow.operators.training", "carbonflow.operators.profile"],
+                "python-modules": [
+                    "carbonflow.operators.training",
+                    "carbonflow.operators.profile",
+                    "carbonflow.operators.night",
+                ],
             }
         ],
         "triggers": [

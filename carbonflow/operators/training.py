@@ -9,20 +9,31 @@ backend, accounts energy and emissions, and logs everything to MLflow (spooled i
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from datetime import UTC, datetime, time, timedelta
+from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
 from carbonflow.models import Forecast, JobSpec, Plan, Profile, RunResult
-from carbonflow.operators.common import CarbonSource, home, make_backend, parse_job, replay_enabled, safe_name
-from carbonflow.operators.triggers import CarbonWindowTrigger, OperatorClock
+from carbonflow.operators.common import (
+    CarbonSource,
+    carbon_source,
+    group_result_path,
+    home,
+    make_backend,
+    operator_clock,
+    parse_job,
+    safe_name,
+)
+from carbonflow.operators.triggers import CarbonWindowTrigger, GroupResultTrigger, OperatorClock
 
 LAUNCH_TOLERANCE_S = 60.0
-DEFAULT_REPLAY_EVENING_H = 6.0
-"""Replay starts this many hours after the replay's first published forecast (an evening for NESO GB)."""
+FOLLOW_GRACE_S = 3600.0
+"""A co-located member waits this long (real time) past finish-by for its pair's launcher to report."""
 
 
 class TrainingFailed(RuntimeError):
@@ -45,6 +56,9 @@ class CarbonAwareTrainingOperator(BaseOperator):
     :param job: the JobSpec (model, dict or JSON); a missing ``finish_by`` means the next
         ``deadline_time_utc`` after the planning time.
     :param profile_task_id: the EnergyProfileOperator task whose XCom holds the job's profile.
+    :param night_plan_task_id: a NightPlanOperator task: start from the night's joint plan (co-location
+        across jobs) instead of planning this job alone. Of a co-located pair, the first job by name
+        launches both on one GPU and logs both runs; the other's task waits (deferred) for that outcome.
     :param replay: replay recorded carbon data (the demo) instead of live providers;
         default ``$CARBONFLOW_REPLAY``.
     :param replay_start: the replayed date the run starts at (ISO, UTC); default: an evening
@@ -67,6 +81,7 @@ class CarbonAwareTrainingOperator(BaseOperator):
         *,
         job: JobSpec | dict[str, Any] | str,
         profile_task_id: str | None = None,
+        night_plan_task_id: str | None = None,
         deadline_time_utc: str = "07:00",
         replay: bool | None = None,
         replay_start: str | None = None,
@@ -86,6 +101,7 @@ class CarbonAwareTrainingOperator(BaseOperator):
         self.kubernetes = kubernetes
         self.job = job.model_dump(mode="json") if isinstance(job, JobSpec) else job
         self.profile_task_id = profile_task_id
+        self.night_plan_task_id = night_plan_task_id
         self.deadline_time_utc = deadline_time_utc
         self.replay = replay
         self.replay_start = replay_start
@@ -120,24 +136,10 @@ class CarbonAwareTrainingOperator(BaseOperator):
         return Profile.model_validate(raw)
 
     def _source(self) -> CarbonSource:
-        replay = replay_enabled(self.replay)
-        credentials = None
-        if not replay:
-            from carbonflow.operators.hooks import provider_credentials
-
-            credentials = provider_credentials(self.conn_ids)
-        return CarbonSource(replay=replay, credentials=credentials)
+        return carbon_source(self.replay, self.conn_ids)
 
     def _clock(self, source: CarbonSource, region: str) -> OperatorClock:
-        if not source.replay:
-            return OperatorClock()
-        if self.replay_start:
-            start = datetime.fromisoformat(self.replay_start.replace("Z", "+00:00"))
-            if start.tzinfo is None:
-                raise ValueError(f"replay_start={self.replay_start!r} has no time zone; give it in UTC")
-        else:
-            start = source.replay_window(region)[0] + timedelta(hours=DEFAULT_REPLAY_EVENING_H)
-        return OperatorClock.replaying(start)
+        return operator_clock(source, region, self.replay_start)
 
     def _history(self, spec: JobSpec) -> Any:
         try:
@@ -159,10 +161,12 @@ class CarbonAwareTrainingOperator(BaseOperator):
     # ---- flow ---------------------------------------------------------------------------
     def execute(self, context: Any) -> dict[str, Any]:
         spec = self._spec()
-        profile = self._profile(context)
         source = self._source()
         clock = self._clock(source, spec.region)
         now = clock.now()
+        if self.night_plan_task_id:
+            return self._execute_from_night_plan(context, spec, clock, source)
+        profile = self._profile(context)
         if spec.finish_by is None:
             spec = spec.model_copy(update={"finish_by": next_deadline(now, self.deadline_time_utc)})
         elif spec.finish_by <= now:
@@ -178,6 +182,73 @@ class CarbonAwareTrainingOperator(BaseOperator):
             "replans": 0,
         }
         return self._wait_or_launch(context, state, clock, source)
+
+    def _execute_from_night_plan(
+        self, context: Any, spec: JobSpec, clock: OperatorClock, source: CarbonSource
+    ) -> dict[str, Any]:
+        night = context["ti"].xcom_pull(task_ids=self.night_plan_task_id)
+        if not night or spec.name not in night.get("plans", {}):
+            raise ValueError(f"the night plan of task {self.night_plan_task_id!r} has no plan for job {spec.name!r}")
+        spec = JobSpec.model_validate(night["jobs"][spec.name])
+        plan = Plan.model_validate(night["plans"][spec.name])
+        forecast = night.get("forecasts", {}).get(spec.region)
+        self.log.info("night plan: %s", plan.reason)
+        state: dict[str, Any] = {
+            "job": spec.model_dump(mode="json"),
+            "plan": plan.model_dump(mode="json"),
+            "first_now": night["now"],
+            "forecast": forecast,
+            "replans": 0,
+        }
+        if plan.colocated_with:
+            group = sorted([spec.name, *plan.colocated_with])
+            if group[0] != spec.name:
+                return self._follow(context, spec, plan, group[0], clock, source)
+            partner = group[1]
+            state["replans"] = self.max_replans  # the pair keeps the night plan's start
+            state["partner"] = {
+                "job": night["jobs"][partner],
+                "plan": night["plans"][partner],
+                "profile": night["profiles"][partner],
+                "min_kept_speed": night.get("min_kept_speed", {}).get(partner),
+            }
+            state["min_kept_speed"] = night.get("min_kept_speed", {}).get(spec.name)
+            state["profile"] = night["profiles"][spec.name]
+            self.log.info("launching %s and %s together on one GPU at %s", spec.name, partner, plan.start.isoformat())
+        return self._wait_or_launch(context, state, clock, source)
+
+    def _follow(
+        self, context: Any, spec: JobSpec, plan: Plan, leader: str, clock: OperatorClock, source: CarbonSource
+    ) -> dict[str, Any]:
+        """A co-located member: its pair's launcher (``leader``'s task) runs it; wait for that outcome."""
+        path = group_result_path(_run_id(context), plan.config.colocation_group or "", spec.name)
+        speedup = self.replay_speedup if source.replay else 1.0
+        finish_by = spec.finish_by or plan.start + timedelta(seconds=plan.predicted_duration_s)
+        timeout_s = max((finish_by - clock.now()).total_seconds(), 0.0) / speedup + FOLLOW_GRACE_S
+        self.log.info("co-located with %s: its task launches both on one GPU; waiting for %s", leader, path)
+        if self.deferrable:
+            self.defer(
+                trigger=GroupResultTrigger(str(path), timeout_s, reason=f"{spec.name} runs with {leader}"),
+                method_name="execute_follow_complete",
+            )
+        import time as _time
+
+        deadline = _time.monotonic() + timeout_s
+        while not path.exists() and _time.monotonic() < deadline:
+            _time.sleep(1.0)
+        status = "done" if path.exists() else "timeout"
+        return self.execute_follow_complete(context, {"status": status, "path": str(path)})
+
+    def execute_follow_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        """The pair's launcher reported (or never did): return this job's outcome, or fail with why."""
+        path = Path(event["path"])
+        if event.get("status") != "done" or not path.exists():
+            raise TrainingFailed(f"the task launching this job's co-located pair never reported an outcome at {path}")
+        outcome = json.loads(path.read_text(encoding="utf-8"))
+        if outcome.get("error"):
+            raise TrainingFailed(f"co-located run failed: {outcome['error']}")
+        self.log.info("trained with its pair: %s", outcome.get("tracking"))
+        return outcome
 
     def execute_complete(
         self, context: Any, event: dict[str, Any], state: dict[str, Any] | None = None
@@ -253,19 +324,122 @@ class CarbonAwareTrainingOperator(BaseOperator):
     def _launch(
         self, context: Any, state: dict[str, Any], clock: OperatorClock, source: CarbonSource
     ) -> dict[str, Any]:
-        from carbonflow.execution.results import to_run_result
-
         spec = JobSpec.model_validate(state["job"])
         plan = Plan.model_validate(state["plan"])
-        forecast = Forecast.model_validate(state["forecast"]) if state.get("forecast") else None
-        run_id = str(context["run_id"]) if context and "run_id" in context else "manual"
+        run_id = _run_id(context)
+        if state.get("partner"):
+            return self._launch_pair(context, state, clock, source)
         self._backend = make_backend(self.backend, home() / "runs" / safe_name(run_id) / spec.name, self.kubernetes)
         self.log.info("launching %s with %s", spec.name, plan.config.key())
         wrapped = self._backend.execute(spec, plan, run_name="train")
+        result, points, forecast = self._account(spec, plan, wrapped, state, clock, source)
+        tracking = self._log_run(spec, plan, result, forecast, points, context, state.get("profile"))
+        if not result.succeeded:
+            raise TrainingFailed(
+                f"training of {spec.name} exited with code {result.exit_code}; the run is logged ({tracking})"
+            )
+        return {"plan": plan.model_dump(mode="json"), "result": result.model_dump(mode="json"), "tracking": tracking}
+
+    def _launch_pair(
+        self, context: Any, state: dict[str, Any], clock: OperatorClock, source: CarbonSource
+    ) -> dict[str, Any]:
+        """Run this job and its partner on one GPU, account and log both, leave the partner's outcome for its task."""
+        from carbonflow.execution.shared import SEPARATED_EXIT_CODE, SharedMember, SharedRequest
+        from carbonflow.planning.optimizer import default_point
+
+        partner = state["partner"]
+        specs = [JobSpec.model_validate(state["job"]), JobSpec.model_validate(partner["job"])]
+        plans = [Plan.model_validate(state["plan"]), Plan.model_validate(partner["plan"])]
+        profiles = [Profile.model_validate(state["profile"]), Profile.model_validate(partner["profile"])]
+        guards = [state.get("min_kept_speed"), partner.get("min_kept_speed")]
+        group = plans[0].config.colocation_group or "+".join(s.name for s in specs)
+        partner_path = group_result_path(_run_id(context), group, specs[1].name)
+        try:
+            members = []
+            for spec, plan, profile, guard in zip(specs, plans, profiles, guards, strict=True):
+                point = default_point(spec, profile.points, profile)
+                members.append(
+                    SharedMember(
+                        job=spec, plan=plan, command=["(filled in by the backend)"], min_kept_speed=guard,
+                        solo_throughput_samples_per_s=point.throughput_samples_per_s,
+                        solo_power_w=sum(point.power_per_device_w.values()) or None,
+                    )
+                )  # fmt: skip
+            limits = [p.config.power_limit_w for p in plans if p.config.power_limit_w is not None]
+            request = SharedRequest(members=members, power_limit_w=min(limits) if limits else None)
+            workdir = home() / "runs" / safe_name(_run_id(context)) / safe_name(group)
+            self._backend = make_backend(self.backend, workdir, self.kubernetes)
+            if not hasattr(self._backend, "execute_shared"):
+                raise ValueError(f"backend={self.backend!r} cannot co-locate jobs on one GPU here; use backend 'local'")
+            shared = self._backend.execute_shared(request, run_name="train")
+            outcomes = []
+            for i, wrapped in enumerate(shared.members):
+                spec, plan = specs[i], plans[i]
+                job_state = {**state, "job": spec.model_dump(mode="json"), "plan": plan.model_dump(mode="json")}
+                if wrapped.exit_code == SEPARATED_EXIT_CODE:
+                    outcomes.append(self._run_separated(context, job_state, wrapped, clock, source, profiles[i]))
+                    continue
+                result, points, forecast = self._account(spec, plan, wrapped, job_state, clock, source)
+                result.notes.append(
+                    f"co-located with {specs[1 - i].name} on one GPU: kept {_fmt(shared.kept_speeds[i])} of its solo "
+                    f"speed; charged {shared.shares[i]:.2f} of the GPU's energy while both worked"
+                )
+                tracking = self._log_run(spec, plan, result, forecast, points, context, profiles[i].model_dump())
+                outcomes.append((plan, result, tracking))
+        except Exception as err:
+            _write_json(partner_path, {"error": f"the pair's launch in task {self.task_id} failed: {err}"})
+            raise
+        (p1, r1, t1) = outcomes[1]
+        _write_json(partner_path, {
+            "plan": p1.model_dump(mode="json"), "result": r1.model_dump(mode="json"), "tracking": t1,
+            "error": None if r1.succeeded else f"training of {specs[1].name} exited with code {r1.exit_code}",
+        })  # fmt: skip
+        (p0, r0, t0) = outcomes[0]
+        if not r0.succeeded:
+            raise TrainingFailed(
+                f"training of {specs[0].name} exited with code {r0.exit_code}; the run is logged ({t0})"
+            )
+        return {"plan": p0.model_dump(mode="json"), "result": r0.model_dump(mode="json"), "tracking": t0}
+
+    def _run_separated(
+        self, context: Any, state: dict[str, Any], attempt: Any, clock: OperatorClock, source: CarbonSource,
+        profile: Profile,
+    ) -> tuple[Plan, RunResult, dict[str, Any]]:  # fmt: skip
+        """The early observation separated this job from its pair: run it alone now, charging the attempt too."""
+        spec = JobSpec.model_validate(state["job"])
+        plan = Plan.model_validate(state["plan"])
+        solo = plan.model_copy(update={
+            "config": plan.config.model_copy(update={"colocation_group": None}), "colocated_with": [],
+            "reason": f"separated from its pair after early observation, run alone (was: {plan.reason})",
+        })  # fmt: skip
+        self.log.warning("%s: %s", spec.name, "; ".join(n for n in attempt.notes if "separated" in n))
+        first, _, _ = self._account(spec, plan, attempt, state, clock, source)
+        wrapped = self._backend.execute(spec, solo, run_name=f"train-{spec.name}-alone")
+        solo_state = {**state, "plan": solo.model_dump(mode="json")}
+        result, points, forecast = self._account(spec, solo, wrapped, solo_state, clock, source)
+        result.energy_gpu_j += first.energy_gpu_j
+        result.energy_cpu_j += first.energy_cpu_j
+        result.energy_total_j += first.energy_total_j
+        result.emissions_g += first.emissions_g
+        result.notes.append(
+            f"includes the co-located attempt it was separated from: {first.energy_total_j:.0f} J, "
+            f"{first.emissions_g:.3g} g CO2e"
+        )
+        tracking = self._log_run(spec, solo, result, forecast, points, context, profile.model_dump())
+        return solo, result, tracking
+
+    def _account(
+        self, spec: JobSpec, plan: Plan, wrapped: Any, state: dict[str, Any], clock: OperatorClock,
+        source: CarbonSource,
+    ) -> tuple[RunResult, list, Forecast | None]:  # fmt: skip
+        """Energy over time → emissions with the real intensity, and the predicted run-now-at-default counterfactual."""
+        from carbonflow.execution.results import to_run_result
+
+        forecast = Forecast.model_validate(state["forecast"]) if state.get("forecast") else None
         started = wrapped.started_at + timedelta(seconds=clock.offset_s)
         ended = wrapped.ended_at + timedelta(seconds=clock.offset_s)
         points, intensity_source = source.intensity_for_accounting(spec.region, started, ended, forecast)
-        self.log.info("accounting emissions with %s", intensity_source)
+        self.log.info("accounting emissions of %s with %s", spec.name, intensity_source)
         ratio, baseline_intensity = None, None
         if plan.baseline is not None:
             ratio = plan.baseline.predicted_energy_j / max(plan.predicted_energy_j, 1e-9)
@@ -283,23 +457,17 @@ class CarbonAwareTrainingOperator(BaseOperator):
             baseline_intensity_gco2_per_kwh=baseline_intensity,
         )  # fmt: skip
         result.notes.append(f"emissions accounted with {intensity_source}")
-        tracking = self._log_run(spec, plan, result, forecast, points, context)
-        if not result.succeeded:
-            raise TrainingFailed(
-                f"training of {spec.name} exited with code {result.exit_code}; the run is logged ({tracking})"
-            )
-        return {"plan": plan.model_dump(mode="json"), "result": result.model_dump(mode="json"), "tracking": tracking}
+        return result, points, forecast
 
     def _log_run(
-        self, spec: JobSpec, plan: Plan, result: RunResult, forecast: Forecast | None, points: list, context: Any
-    ) -> dict[str, Any]:
-        from pathlib import Path
-
+        self, spec: JobSpec, plan: Plan, result: RunResult, forecast: Forecast | None, points: list, context: Any,
+        profile_json: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         from carbonflow.tracking.logger import log_training_run
 
         profile = None
         try:
-            profile = self._profile(context)
+            profile = Profile.model_validate(profile_json) if profile_json else self._profile(context)
         except Exception as err:
             self.log.warning("profile not available for the MLflow run (%s)", err)
         output_dir = Path(result.artifacts.get("output_dir", ""))
@@ -315,7 +483,7 @@ class CarbonAwareTrainingOperator(BaseOperator):
         if info.get("spooled"):
             self.log.warning("MLflow unreachable: the run is spooled locally and will be replayed (%s)", info)
         else:
-            self.log.info("MLflow run: %s", info.get("run_id"))
+            self.log.info("MLflow run of %s: %s", spec.name, info.get("run_id"))
         return info
 
     def on_kill(self) -> None:
@@ -326,3 +494,19 @@ class CarbonAwareTrainingOperator(BaseOperator):
 
 def _is_fallback(forecast: Forecast) -> bool:
     return forecast.provider.split(":")[0] in {"static", "climatology"}
+
+
+def _run_id(context: Any) -> str:
+    return str(context["run_id"]) if context and "run_id" in context else "manual"
+
+
+def _fmt(value: float | None) -> str:
+    return "an unmeasured fraction" if value is None else f"{value:.2f}"
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Write atomically, so a waiting member never reads half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload), encoding="utf-8")
+    tmp.replace(path)

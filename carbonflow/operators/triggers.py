@@ -101,3 +101,38 @@ class CarbonWindowTrigger(BaseTrigger):
                 "state": self.state,
             }
         )
+
+
+class GroupResultTrigger(BaseTrigger):
+    """Fire when the launcher of a co-located pair has left this member's outcome at ``path`` (or at the timeout).
+
+    The file is written atomically by the launching task; the member's task resumes and returns it.
+    """
+
+    def __init__(self, path: str, timeout_s: float, reason: str = "", poll_s: float = 2.0) -> None:
+        super().__init__()
+        self.path = path
+        self.timeout_s = float(timeout_s)
+        self.reason = reason
+        self.poll_s = float(poll_s)
+        if self.timeout_s <= 0 or self.poll_s <= 0:
+            raise ValueError(f"timeout_s={timeout_s} and poll_s={poll_s} must be > 0")
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            "carbonflow.operators.triggers.GroupResultTrigger",
+            {"path": self.path, "timeout_s": self.timeout_s, "reason": self.reason, "poll_s": self.poll_s},
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from pathlib import Path
+
+        target = Path(self.path)
+        deadline = datetime.now(UTC) + timedelta(seconds=self.timeout_s)
+        self.log.info("waiting for %s (%s), at most %.0f s", self.path, self.reason, self.timeout_s)
+        while not target.exists():
+            if datetime.now(UTC) >= deadline:
+                yield TriggerEvent({"status": "timeout", "path": self.path})
+                return
+            await asyncio.sleep(self.poll_s)
+        yield TriggerEvent({"status": "done", "path": self.path})

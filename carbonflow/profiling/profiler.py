@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from carbonflow.energy.device import Device
+from carbonflow.execution.shared import SharedMember, SharedRequest, SharedRun
 from carbonflow.execution.wrapper import MeasuredWindow, WrappedRun
 from carbonflow.models import Config, JobSpec, Plan, Profile, ProfilePoint, utcnow
+
+if TYPE_CHECKING:
+    from carbonflow.planning.colocation import PairProfile
 
 log = logging.getLogger(__name__)
 
@@ -143,3 +147,65 @@ def profile_job(
         samples_per_epoch=samples_per_epoch,
         points=points,
     )
+
+
+class SharedExecutor(Protocol):
+    def execute_shared(self, request: SharedRequest, *, run_name: str, trace: bool) -> SharedRun: ...
+
+
+def profile_pair(
+    spec_a: JobSpec,
+    spec_b: JobSpec,
+    profile_a: Profile,
+    profile_b: Profile,
+    backend: SharedExecutor,
+    *,
+    profile_steps: int | None = None,
+) -> PairProfile:
+    """Run two recurring jobs together briefly on one GPU: the speed each keeps and the GPU's power.
+
+    Both run at their reference configuration (one container, the default power limit), where the
+    planner predicts co-located runs; each one's kept speed is its throughput together over its solo
+    throughput at the same configuration, from its profile.
+    """
+    from carbonflow.planning.colocation import PairProfile
+    from carbonflow.planning.optimizer import default_point
+
+    members = []
+    limits = []
+    for spec, profile in ((spec_a, profile_a), (spec_b, profile_b)):
+        point = default_point(spec, profile.points, profile)
+        if point.config.containers != 1:
+            raise ValueError(f"{spec.name}: co-location needs a one-container reference configuration")
+        limits.append(point.config.power_limit_w)
+        plan = Plan(
+            job=spec.name, config=point.config.model_copy(update={"colocation_group": f"{spec_a.name}+{spec_b.name}"}),
+            start=utcnow(), predicted_duration_s=0, predicted_energy_j=0, predicted_emissions_g=0, region=spec.region,
+            forecast_provider="none (pair profiling)", reason="pair profiling",
+        )  # fmt: skip
+        member = SharedMember(
+            job=spec, plan=plan, command=["(filled in by the backend)"],
+            solo_throughput_samples_per_s=point.throughput_samples_per_s,
+            solo_power_w=sum(point.power_per_device_w.values()) or None,
+        )  # fmt: skip
+        members.append(member)
+    limit_w = min((w for w in limits if w is not None), default=None)
+    steps = profile_steps or min(spec_a.profile_steps, spec_b.profile_steps)
+    warmup = max(spec_a.profile_warmup_steps, spec_b.profile_warmup_steps)
+    request = SharedRequest(members=members, power_limit_w=limit_w, warmup_steps=warmup, profile_steps=steps)
+    run = backend.execute_shared(request, run_name=f"pair-{spec_a.name}+{spec_b.name}", trace=False)
+    failed = [r for r in run.members if r.exit_code != 0]
+    if failed:
+        first = failed[0]
+        raise RuntimeError(f"pair profiling of {spec_a.name}+{spec_b.name}: {first.job} exited {first.exit_code}")
+    speed_a, speed_b = run.kept_speeds
+    if speed_a is None or speed_b is None or run.overlap_s <= 0:
+        raise RuntimeError(f"pair profiling of {spec_a.name}+{spec_b.name} measured no time together")
+    log.info(
+        "pair %s+%s: kept %.2f / %.2f of solo speed, %.0f W together", spec_a.name, spec_b.name, speed_a, speed_b,
+        run.overlap_power_w,
+    )  # fmt: skip
+    return PairProfile(
+        spec_a.name, spec_b.name, speed_a, speed_b, run.overlap_power_w, label=run.label,  # type: ignore[arg-type]
+        power_limit_w=limit_w,
+    )  # fmt: skip

@@ -2,7 +2,10 @@
 
 Each is a plain JobSpec dict, so DAG files stay declarations. The simulated GPUs replay the Zeus
 V100 measurements of two different workloads, so the two jobs react differently to power limits;
-the training itself is the real digits CNN on this machine's CPU.
+the training itself is the real digits CNN on this machine's CPU. When the two share one simulated
+GPU, each keeps the fraction of its solo speed Gavel measured on a V100 for the job types that stand
+for their Zeus workloads in carbonflow.simulation (ResNet-18 for the CIFAR-100 CNN, A3C for the light
+Sentiment140 job).
 """
 
 from __future__ import annotations
@@ -12,7 +15,13 @@ from typing import Any
 DIGITS_CNN: dict[str, Any] = {
     "name": "digits-cnn",
     "workload": "digits_cnn",
-    "simulated_gpu": {"gpu_model": "V100", "dataset": "cifar100", "network": "shufflenetv2", "count": 2},
+    "simulated_gpu": {
+        "gpu_model": "V100",
+        "dataset": "cifar100",
+        "network": "shufflenetv2",
+        "count": 2,
+        "pair_type": "ResNet-18 (batch size 64)",
+    },
     "max_containers": 2,
     "epochs": 15,
     "batch_size": 64,
@@ -27,7 +36,12 @@ DIGITS_CNN: dict[str, Any] = {
 DIGITS_CNN_WIDE_BATCH: dict[str, Any] = {
     "name": "digits-cnn-wide-batch",
     "workload": "digits_cnn",
-    "simulated_gpu": {"gpu_model": "V100", "dataset": "sentiment140", "network": "bert_base_uncased"},
+    "simulated_gpu": {
+        "gpu_model": "V100",
+        "dataset": "sentiment140",
+        "network": "bert_base_uncased",
+        "pair_type": "A3C",
+    },
     "epochs": 12,
     "batch_size": 128,
     "region": "GB",

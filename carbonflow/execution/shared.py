@@ -1,0 +1,386 @@
+"""``carbonflow run-shared``: two co-located jobs on one GPU, measured once and split fairly.
+
+One wrapper owns the shared GPU: it sets the pair's power limit once, starts both trainings with
+their own progress, stop and output files, and measures the device in *phases* — every time the set
+of working jobs changes (a job reports its first step, or ends) a new energy window begins. A phase
+with one job working is charged to it; a phase with both is split by the shared-GPU rule of
+:mod:`carbonflow.energy.accounting` (``P_i × s_i``: solo power × the speed it kept, observed). So the
+GPU's energy is counted exactly once.
+
+Early observation (EaCO): after ``warmup_steps`` + ``observe_steps`` steps of both jobs together, a
+job whose kept speed is below its ``min_kept_speed`` (the planner's bound) separates the pair: the
+second job is stopped and reported ``separated``; the caller runs it alone. Pair profiling
+(``profile_steps``) runs both just long enough to measure each job's kept speed and the device's
+power, then stops both. Power limits are restored on every exit path, as in ``carbonflow run``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from carbonflow.energy.monitor import EnergyMonitor, Measurement, PowerSampler
+from carbonflow.energy.power_limit import applied_power_limit
+from carbonflow.execution.wrapper import POLL_S, RESULT_LINE_PREFIX, Terminated, WrappedRun, _Progress, _stop_child
+from carbonflow.models import JobSpec, Plan, utcnow
+from carbonflow.training import MAX_STEPS_ENV, OUTPUT_DIR_ENV, PROGRESS_FILE_ENV, SIM_SLOWDOWN_FILE_ENV, STOP_FILE_ENV
+
+log = logging.getLogger(__name__)
+
+SEPARATED_EXIT_CODE = 75
+"""Exit code reported for a job the early-observation check separated from its pair (EX_TEMPFAIL)."""
+
+
+class SharedMember(BaseModel):
+    """One job of a co-located pair."""
+
+    job: JobSpec
+    plan: Plan
+    command: list[str] = Field(min_length=1)
+    solo_throughput_samples_per_s: float | None = Field(default=None, gt=0, description="alone, at the pair's limit")
+    solo_power_w: float | None = Field(default=None, gt=0, description="GPU power alone at the pair's limit")
+    min_kept_speed: float | None = Field(default=None, ge=0, le=1, description="separate below this; None: never")
+    output_dir: str | None = None
+
+
+class SharedRequest(BaseModel):
+    """What ``carbonflow run-shared`` runs."""
+
+    members: list[SharedMember] = Field(min_length=2, max_length=2)
+    power_limit_w: float | None = Field(default=None, gt=0)
+    warmup_steps: int = Field(default=5, ge=0)
+    observe_steps: int = Field(default=20, gt=0, description="steps together before the early-observation check")
+    profile_steps: int | None = Field(default=None, gt=0, description="pair profile: measure this many, then stop")
+    trace_csv: str | None = None
+    trace_interval_s: float = Field(default=0.5, gt=0)
+
+
+class SharedRun(BaseModel):
+    """What a co-located pair measured: one WrappedRun per job (energy already split) and the pair's figures."""
+
+    members: list[WrappedRun]
+    overlap_s: float = 0.0
+    overlap_energy_j: float = Field(default=0.0, description="energy of every device (GPU + CPU) while both worked")
+    kept_speeds: list[float | None] = Field(description="observed throughput together / solo, per job")
+    shares: list[float] = Field(description="each job's share of the GPU energy while both worked")
+    separated: list[str] = Field(default_factory=list)
+    label: str = "measured"
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def overlap_power_w(self) -> float:
+        return self.overlap_energy_j / self.overlap_s if self.overlap_s > 0 else 0.0
+
+
+class _Member:
+    """Runtime state of one job of the pair."""
+
+    def __init__(self, index: int, spec: SharedMember, workdir: Path) -> None:
+        self.index = index
+        self.spec = spec
+        self.dir = workdir / f"m{index}"
+        self.dir.mkdir(parents=True)
+        self.progress = _Progress(self.dir / "progress.jsonl")
+        self.stop_file = self.dir / "stop"
+        self.slowdown_file = self.dir / "sim_slowdown"
+        self.output_dir = Path(spec.output_dir) if spec.output_dir else self.dir / "output"
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.child: subprocess.Popen[bytes] | None = None
+        self.exit_code: int | None = None
+        self.active = False
+        self.started_at = utcnow()
+        self.ended_at = self.started_at
+        self.start_s = time.monotonic()
+        self.duration_s = 0.0
+        self.arm_step: int | None = None  # measuring together starts at this step (after the warm-up)
+        self.mark: tuple[int, float, int] | None = None  # (step, t_s, samples) when measuring together began
+        self.together: tuple[float, int] = (0.0, 0)  # seconds and samples measured together
+        self.separated = False
+
+    @property
+    def running(self) -> bool:
+        return self.child is not None and self.exit_code is None
+
+    def kept_speed(self) -> float | None:
+        seconds, samples = self.together
+        solo = self.spec.solo_throughput_samples_per_s
+        if solo is None or seconds <= 0 or samples <= 0:
+            return None
+        return min(samples / seconds / solo, 1.0)
+
+
+def _shared_device(members: list[SharedMember]) -> Any:
+    """The one GPU the pair shares: simulated when both jobs simulate one, else the first visible NVML GPU."""
+    sims = [m.job.simulated_gpu for m in members]
+    if all(s is not None for s in sims):
+        from carbonflow.energy.simulated import SimulatedSharedGpu
+
+        return SimulatedSharedGpu([s for s in sims if s is not None])
+    from carbonflow.energy.nvml import nvml_devices
+
+    gpus = list(nvml_devices(os.environ.get("CUDA_VISIBLE_DEVICES")))
+    if not gpus:
+        raise RuntimeError("no GPU to share: NVML found none and the jobs do not both declare simulated_gpu")
+    return gpus[0]
+
+
+def run_shared(request: SharedRequest, *, result_path: Path | None = None) -> SharedRun:
+    """Run the pair on one GPU; returns one WrappedRun per job with the GPU's energy split between them."""
+    from carbonflow.energy.cpu import CpuDevice
+
+    gpu = _shared_device(request.members)
+    devices = [gpu, CpuDevice()]
+    simulated = callable(getattr(gpu, "member_slowdown_factor", None))
+    if simulated:
+        gpu.set_busy(False)
+    monitor = EnergyMonitor(devices)
+    workdir = Path(tempfile.mkdtemp(prefix="carbonflow-shared-"))
+    members = [_Member(i, m, workdir) for i, m in enumerate(request.members)]
+    phases: list[tuple[tuple[int, ...], Measurement]] = []
+    notes: list[str] = []
+    received: list[int] = []
+    state: dict[str, bool] = {}
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+
+    def active_set() -> tuple[int, ...]:
+        return tuple(m.index for m in members if m.active)
+
+    def new_phase(previous: tuple[int, ...]) -> None:
+        phases.append((previous, monitor.end_window("phase")))
+        monitor.begin_window("phase")
+        if simulated:
+            for m in members:
+                gpu.set_active(m.index, m.active)
+            for m in members:
+                m.slowdown_file.write_text(f"{gpu.member_slowdown_factor(m.index):.6f}", encoding="utf-8")
+
+    previous_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    started_at = utcnow()
+    applied = True
+    try:
+        with applied_power_limit([gpu], request.power_limit_w) as outcome:
+            notes.extend(outcome.notes)
+            trace = Path(request.trace_csv) if request.trace_csv else None
+            sampler = PowerSampler(devices, request.trace_interval_s, trace) if trace else None
+            if sampler:
+                sampler.__enter__()
+            monitor.begin_window("run")
+            monitor.begin_window("phase")
+            try:
+                for m in members:
+                    if simulated:
+                        m.slowdown_file.write_text(f"{gpu.member_slowdown_factor(m.index):.6f}", encoding="utf-8")
+                    m.child = subprocess.Popen(m.spec.command, env=_member_env(m, request, simulated),
+                                               start_new_session=True)  # fmt: skip
+                    m.start_s, m.started_at = time.monotonic(), utcnow()
+                while any(m.running for m in members):
+                    if received:
+                        notes.append(f"wrapper received {signal.Signals(received[0]).name}: training stopped")
+                        break
+                    before = active_set()
+                    for m in members:
+                        m.progress.poll()
+                        if m.running and not m.active and m.progress.step > 0:
+                            m.active = True
+                        code = m.child.poll() if m.child is not None else None
+                        if m.running and code is not None:
+                            m.exit_code, m.active = code, False
+                            m.duration_s, m.ended_at = time.monotonic() - m.start_s, utcnow()
+                    if active_set() != before:
+                        _close_together(members)
+                        new_phase(before)
+                        _open_together(members, request)
+                    _observe(members, request, state, notes)
+                    time.sleep(POLL_S)
+            finally:
+                for m in members:
+                    if m.running:
+                        _stop_child(m.child)  # type: ignore[arg-type]
+                        m.exit_code = m.child.returncode if m.child and m.child.returncode is not None else -15
+                        m.duration_s, m.ended_at = time.monotonic() - m.start_s, utcnow()
+                last = active_set()
+                _close_together(members)
+                for m in members:
+                    m.active = False
+                phases.append((last, monitor.end_window("phase")))
+                total = monitor.end_window("run")
+                if simulated:
+                    gpu.set_busy(False)
+                if sampler:
+                    sampler.__exit__(None, None, None)
+        applied = outcome.applied
+        notes.extend(note for note in outcome.notes if note not in notes)
+    finally:
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+    run = _account(request, members, phases, total, devices, gpu, applied, notes, started_at)
+    if result_path is not None:
+        result_path.parent.mkdir(parents=True, exist_ok=True)
+        result_path.write_text(run.model_dump_json(indent=2), encoding="utf-8")
+    print(f"{RESULT_LINE_PREFIX} {run.model_dump_json()}", flush=True)
+    if received:
+        raise Terminated(received[0])
+    return run
+
+
+def _member_env(m: _Member, request: SharedRequest, simulated: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(m.spec.job.env)
+    env[PROGRESS_FILE_ENV] = str(m.progress.path)
+    env[OUTPUT_DIR_ENV] = str(m.output_dir)
+    env[STOP_FILE_ENV] = str(m.stop_file)
+    env.pop(MAX_STEPS_ENV, None)
+    if request.profile_steps is not None:  # a safety cap; the stop file normally ends a pair profile
+        env[MAX_STEPS_ENV] = str(20 * (request.warmup_steps + request.profile_steps) + 100)
+    if simulated:
+        env[SIM_SLOWDOWN_FILE_ENV] = str(m.slowdown_file)
+    return env
+
+
+def _open_together(members: list[_Member], request: SharedRequest) -> None:
+    """Both working now: each starts measuring after the warm-up."""
+    if all(m.active for m in members):
+        for m in members:
+            m.arm_step, m.mark = m.progress.step + request.warmup_steps, None
+
+
+def _close_together(members: list[_Member]) -> None:
+    """Both stop working together: add what each did since its mark to its measured together time."""
+    for m in members:
+        if m.mark is not None and m.progress.last is not None:
+            _, t0, s0 = m.mark
+            t1, s1 = m.progress.last
+            seconds, samples = m.together
+            m.together = (seconds + max(t1 - t0, 0.0), samples + max(s1 - s0, 0))
+        m.arm_step, m.mark = None, None
+
+
+def _observe(members: list[_Member], request: SharedRequest, state: dict[str, bool], notes: list[str]) -> None:
+    """Start measuring after the warm-up; then end a pair profile, or run the early-observation check once."""
+    if not all(m.active for m in members):
+        return
+    for m in members:
+        if m.mark is None and m.arm_step is not None and m.progress.step >= m.arm_step and m.progress.last:
+            m.mark = (m.progress.step, *m.progress.last)
+    if any(m.mark is None for m in members) or state.get("observed"):
+        return
+    budget = request.profile_steps or request.observe_steps
+    if any(m.progress.step - m.mark[0] < budget for m in members):  # type: ignore[index]
+        return
+    state["observed"] = True
+    if request.profile_steps is not None:
+        _close_together(members)
+        for m in members:
+            m.stop_file.touch()  # the trainings' should_stop() turns true
+        return
+    for m in members:
+        solo, bound = m.spec.solo_throughput_samples_per_s, m.spec.min_kept_speed
+        if solo is None or bound is None or m.mark is None or m.progress.last is None:
+            continue
+        seconds = m.together[0] + m.progress.last[0] - m.mark[1]
+        samples = m.together[1] + m.progress.last[1] - m.mark[2]
+        kept = samples / seconds / solo if seconds > 0 else 1.0
+        if kept < bound:
+            second = members[-1]
+            notes.append(
+                f"separated after early observation: {m.spec.job.name} kept {kept:.2f} of its solo speed "
+                f"< {bound:.2f} allowed; {second.spec.job.name} stopped to run alone"
+            )
+            second.separated = True
+            _stop_child(second.child)  # type: ignore[arg-type]
+            return
+
+
+def _account(
+    request: SharedRequest,
+    members: list[_Member],
+    phases: list[tuple[tuple[int, ...], Measurement]],
+    total: Measurement,
+    devices: list[Any],
+    gpu: Any,
+    applied: bool,
+    notes: list[str],
+    started_at: Any,
+) -> SharedRun:
+    """Charge each phase's energy to the jobs working in it (split by P_i × s_i while both work)."""
+    from carbonflow.energy.accounting import SoloProfile, device_energies, shared_gpu_shares
+
+    kept = [m.kept_speed() for m in members]
+    solo_power = [m.spec.solo_power_w for m in members]
+    if all(k is not None for k in kept) and all(p is not None for p in solo_power):
+        shares_map = shared_gpu_shares(
+            [SoloProfile(str(m.index), p, k) for m, p, k in zip(members, solo_power, kept, strict=True)]  # type: ignore[arg-type]
+        )
+        shares = [shares_map[str(m.index)] for m in members]
+    else:
+        shares = [0.5, 0.5]
+        notes.append("shared GPU split equally: a solo profile or an observed speed was missing")
+    charged = [{dev_id: 0.0 for dev_id in total.energy_j} for _ in members]
+    overlap_s = overlap_j = 0.0
+    for active, measured in phases:
+        if not active:  # start-up and shut-down: nobody's work, charged to both equally
+            active = (0, 1)
+            for dev_id, joules in measured.energy_j.items():
+                for i in active:
+                    charged[i][dev_id] += joules / 2
+            continue
+        for dev_id, joules in measured.energy_j.items():
+            if len(active) == 1:
+                charged[active[0]][dev_id] += joules
+            else:
+                for i in active:
+                    charged[i][dev_id] += joules * shares[i]
+        if len(active) == 2:
+            overlap_s += measured.elapsed_s
+            overlap_j += sum(measured.energy_j.values())
+    runs = []
+    for m in members:
+        fractions = {
+            dev_id: min(charged[m.index][dev_id] / joules, 1.0) if joules > 0 else 0.5
+            for dev_id, joules in total.energy_j.items()
+        }
+        per_device = device_energies(total, devices, shares=fractions)
+        for entry in per_device:
+            if entry.kind == "gpu":
+                entry.power_limit_w = request.power_limit_w if applied else None
+                entry.notes.append(f"shared with {members[1 - m.index].spec.job.name}")
+        exit_code = SEPARATED_EXIT_CODE if m.separated else (m.exit_code if m.exit_code is not None else -15)
+        member_notes = [*notes, *gpu.notes] if m.index == 0 else list(notes)
+        if m.separated:
+            member_notes.append("separated from its pair after early observation; run it alone")
+        run = WrappedRun(
+                job=m.spec.job.name, config_key=m.spec.plan.config.key(), started_at=m.started_at,
+                ended_at=m.ended_at, duration_s=m.duration_s, exit_code=exit_code, devices=per_device,
+                steps=m.progress.step, samples=m.progress.samples,
+                throughput_samples_per_s=m.progress.samples / m.duration_s if m.duration_s > 0 else 0.0,
+                metrics=m.progress.metrics, power_limit_applied=applied, power_limit_w=request.power_limit_w,
+                notes=member_notes, power_trace_csv=request.trace_csv, output_dir=str(m.output_dir),
+        )  # fmt: skip
+        runs.append(run)
+    return SharedRun(
+        members=runs, overlap_s=overlap_s, overlap_energy_j=overlap_j, kept_speeds=kept, shares=shares,
+        separated=[m.spec.job.name for m in members if m.separated], label=gpu.label, notes=notes,
+    )  # fmt: skip
+
+
+def main_from_file(request_path: Path, result_path: Path) -> int:
+    """CLI entry: read the request, run the pair, write the result. Exit code: worst of the two (separated = 0)."""
+    request = SharedRequest.model_validate_json(Path(request_path).read_text(encoding="utf-8"))
+    try:
+        run = run_shared(request, result_path=result_path)
+    except Terminated as err:
+        print(f"carbonflow run-shared: {err}; power limits restored", file=__import__("sys").stderr)
+        return 128 + err.signum
+    codes = [r.exit_code for r in run.members if r.exit_code != SEPARATED_EXIT_CODE]
+    return next((c for c in codes if c != 0), 0)

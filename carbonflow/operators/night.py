@@ -1,0 +1,231 @@
+"""The night's batch: pair profiles for co-location across recurring jobs, then one joint plan.
+
+``PairProfileOperator`` runs each pair of the night's jobs that could share a GPU together briefly
+(same region, one-container reference configuration, a GPU both can share) and records the speed
+each keeps and the GPU's power. Pairs that already ran together on earlier nights are predicted from
+that history instead. ``NightPlanOperator`` plans the whole batch with
+:func:`carbonflow.planning.colocation.plan_night` (power limit, containers, start and guarded
+co-location, jointly) and hands each job's plan to its :class:`CarbonAwareTrainingOperator`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from carbonflow.models import JobSpec, Profile, utcnow
+from carbonflow.operators.common import carbon_source, home, make_backend, operator_clock, parse_job, safe_name
+
+
+def _jobs(jobs: Mapping[str, Any]) -> list[JobSpec]:
+    if not jobs:
+        raise ValueError("jobs={} is not allowed; map at least two job names to their JobSpecs")
+    return [parse_job(job) for job in jobs.values()]
+
+
+def _profiles(context: Any, profile_task_ids: Mapping[str, str], specs: Sequence[JobSpec]) -> dict[str, Profile]:
+    out = {}
+    for spec in specs:
+        task_id = profile_task_ids.get(spec.name)
+        if task_id is None:
+            raise ValueError(f"profile_task_ids has no task for job {spec.name!r}; allowed keys: job names")
+        raw = context["ti"].xcom_pull(task_ids=task_id)
+        if raw is None:
+            raise ValueError(f"no profile in XCom of task {task_id!r} (job {spec.name})")
+        out[spec.name] = Profile.model_validate(raw)
+    return out
+
+
+def _history(names: list[str], tracking_uri: str | None, log: Any) -> Any:
+    try:
+        from carbonflow.tracking.history import job_history
+
+        return job_history(names, tracking_uri=tracking_uri)
+    except Exception as err:  # tracking down: plan from profiles alone
+        log.warning("MLflow history unavailable (%s); planning from profiles alone", err)
+        return None
+
+
+def can_share(a: JobSpec, b: JobSpec) -> str | None:
+    """Why two jobs can never share a GPU here, or None when they could."""
+    if a.region != b.region:
+        return f"different regions ({a.region}, {b.region})"
+    if a.min_containers != 1 or b.min_containers != 1:
+        return "a job needs more than one container"
+    sims = (a.simulated_gpu, b.simulated_gpu)
+    if (sims[0] is None) != (sims[1] is None):
+        return "one job simulates its GPU and the other does not"
+    if sims[0] is not None and sims[1] is not None:
+        if sims[0].gpu_model != sims[1].gpu_model:
+            return f"different simulated GPUs ({sims[0].gpu_model}, {sims[1].gpu_model})"
+        if not (sims[0].pair_type and sims[1].pair_type):
+            return "simulated_gpu.pair_type is not set for both (no measured pair speeds to replay)"
+    return None
+
+
+class PairProfileOperator(BaseOperator):
+    """Run each pair of recurring jobs that could share a GPU together briefly; XCom: the pair profiles.
+
+    :param jobs: job name → JobSpec (model, dict or JSON; templated, e.g. pulled from the validate task).
+    :param profile_task_ids: job name → its EnergyProfileOperator task (solo speeds to compare with).
+    :param profile_steps: steps measured together (default: the smaller of the two jobs' ``profile_steps``).
+    """
+
+    template_fields: Sequence[str] = ("jobs",)
+    ui_color = "#e1f5e1"
+
+    def __init__(
+        self,
+        *,
+        jobs: Mapping[str, Any],
+        profile_task_ids: Mapping[str, str],
+        profile_steps: int | None = None,
+        tracking_uri: str | None = None,
+        backend: str = "local",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.jobs = dict(jobs)
+        self.profile_task_ids = dict(profile_task_ids)
+        self.profile_steps = profile_steps
+        self.tracking_uri = tracking_uri
+        self.backend = backend
+        self._backend: Any = None
+        if profile_steps is not None and profile_steps <= 0:
+            raise ValueError(f"profile_steps={profile_steps} is not allowed; use a positive number of steps")
+
+    def execute(self, context: Any) -> list[dict[str, Any]]:
+        from carbonflow.profiling.profiler import profile_pair
+
+        specs = _jobs(self.jobs)
+        profiles = _profiles(context, self.profile_task_ids, specs)
+        history = _history([s.name for s in specs], self.tracking_uri, self.log)
+        run_id = str(context["run_id"]) if context and "run_id" in context else utcnow().strftime("%Y%m%dT%H%M%S")
+        pairs: list[dict[str, Any]] = []
+        for a, b in itertools.combinations(specs, 2):
+            why_not = can_share(a, b)
+            if why_not:
+                self.log.info("not pairing %s and %s: %s", a.name, b.name, why_not)
+                continue
+            if history is not None and history.pair_slowdown(a.name, b.name) is not None:
+                self.log.info("%s and %s ran together before: the planner predicts from that history", a.name, b.name)
+                continue
+            if self._backend is None:
+                workdir = home() / "runs" / safe_name(run_id) / "pairs"
+                self._backend = make_backend(self.backend, workdir)
+                if not hasattr(self._backend, "execute_shared"):
+                    self.log.warning("backend %r cannot run pair profiles; no co-location tonight", self.backend)
+                    return []
+            try:
+                pair = profile_pair(a, b, profiles[a.name], profiles[b.name], self._backend,
+                                    profile_steps=self.profile_steps)  # fmt: skip
+            except Exception as err:  # an unknown pair is simply never co-located
+                self.log.warning("pair profile of %s + %s failed (%s); they won't share a GPU", a.name, b.name, err)
+                continue
+            self.log.info(
+                "pair %s + %s: keeps %.2f / %.2f of solo speed, %.0f W together (%s)", a.name, b.name, pair.speed_a,
+                pair.speed_b, pair.power_w, pair.label,
+            )  # fmt: skip
+            pairs.append(dataclasses.asdict(pair))
+        return pairs
+
+    def on_kill(self) -> None:
+        if self._backend is not None:
+            self._backend.kill()
+
+
+class NightPlanOperator(BaseOperator):
+    """Plan the night's batch jointly (power limit, containers, start, co-location); XCom: every job's plan.
+
+    :param jobs: job name → JobSpec (templated); a job without ``finish_by`` must finish by the next
+        ``deadline_time_utc``.
+    :param profile_task_ids: job name → its EnergyProfileOperator task.
+    :param pair_profile_task_id: the PairProfileOperator task (None: no co-location).
+    :param replay: / ``replay_start`` / ``conn_ids``: as for CarbonAwareTrainingOperator.
+    """
+
+    template_fields: Sequence[str] = ("jobs", "replay_start")
+    ui_color = "#b3d9ff"
+
+    def __init__(
+        self,
+        *,
+        jobs: Mapping[str, Any],
+        profile_task_ids: Mapping[str, str],
+        pair_profile_task_id: str | None = None,
+        deadline_time_utc: str = "07:00",
+        replay: bool | None = None,
+        replay_start: str | None = None,
+        tracking_uri: str | None = None,
+        conn_ids: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        from carbonflow.operators.training import next_deadline
+
+        super().__init__(**kwargs)
+        self.jobs = dict(jobs)
+        self.profile_task_ids = dict(profile_task_ids)
+        self.pair_profile_task_id = pair_profile_task_id
+        self.deadline_time_utc = deadline_time_utc
+        self.replay = replay
+        self.replay_start = replay_start
+        self.tracking_uri = tracking_uri
+        self.conn_ids = conn_ids
+        next_deadline(datetime.now().astimezone(), deadline_time_utc)  # validate at DAG parse time
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from carbonflow.operators.training import next_deadline
+        from carbonflow.planning.colocation import PairProfile, plan_night
+        from carbonflow.planning.guard import min_kept_speeds
+        from carbonflow.planning.optimizer import predict_candidates
+
+        specs = _jobs(self.jobs)
+        profiles = _profiles(context, self.profile_task_ids, specs)
+        source = carbon_source(self.replay, self.conn_ids)
+        now = operator_clock(source, specs[0].region, self.replay_start).now()
+        deadline = next_deadline(now, self.deadline_time_utc)
+        specs = [s if s.finish_by is not None else s.model_copy(update={"finish_by": deadline}) for s in specs]
+        late = [s for s in specs if s.finish_by is not None and s.finish_by <= now]
+        if late:
+            raise ValueError(f"finish_by={late[0].finish_by.isoformat()} of job {late[0].name} is in the past")  # type: ignore[union-attr]
+        forecasts = {}
+        for region in sorted({s.region for s in specs}):
+            until = max(s.finish_by for s in specs if s.region == region)  # type: ignore[type-var]
+            forecasts[region] = source.forecast(region, now, until)  # type: ignore[arg-type]
+        raw_pairs = context["ti"].xcom_pull(task_ids=self.pair_profile_task_id) if self.pair_profile_task_id else None
+        pair_profiles = [PairProfile(**p) for p in raw_pairs or []]
+        history = _history([s.name for s in specs], self.tracking_uri, self.log)
+        plans = plan_night(specs, profiles, forecasts, now, pair_profiles=pair_profiles, history=history)
+        by_name = {s.name: s for s in specs}
+        guards: dict[str, float] = {}
+        for plan in plans:
+            plan.replay = forecasts[plan.region].replay
+            self.log.info("%s: %s", plan.job, plan.reason)
+            partner = plan.colocated_with[0] if plan.colocated_with else None
+            if partner is None or plan.job > partner:
+                continue
+            pair = next((p for p in pair_profiles if p.speeds(plan.job, partner) is not None), None)
+            if pair is None:  # predicted from history alone: no speeds to guard against
+                continue
+            me, other = by_name[plan.job], by_name[partner]
+            solo_me = predict_candidates(me, profiles[me.name], history)[1].duration_s
+            solo_other = predict_candidates(other, profiles[other.name], history)[1].duration_s
+            speeds = pair.speeds(me.name, other.name)
+            assert speeds is not None
+            guard = min_kept_speeds(solo_me, solo_other, min(speeds[0], 1.0), min(speeds[1], 1.0),
+                                    me.max_slowdown, other.max_slowdown)  # fmt: skip
+            guards[me.name], guards[other.name] = guard
+        return {
+            "now": now.isoformat(),
+            "jobs": {s.name: s.model_dump(mode="json") for s in specs},
+            "plans": {p.job: p.model_dump(mode="json") for p in plans},
+            "profiles": {name: p.model_dump(mode="json") for name, p in profiles.items()},
+            "forecasts": {region: f.model_dump(mode="json") for region, f in forecasts.items()},
+            "min_kept_speed": guards,
+            "pairs": [dataclasses.asdict(p) for p in pair_profiles],
+        }
