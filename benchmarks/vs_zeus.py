@@ -25,9 +25,12 @@ What carbonflow pays for its knowledge (nothing is free):
   carbonflow's profile budget (35 steps, at most Zeus's 1/|P| of an epoch) at every limit (pruning after
   two worse limits was tried and dropped: the traces' cost curves have plateaus that hide the optimum); the
   profiled steps count as training, the rest of that epoch runs at the chosen limit;
-* with batch size: a one-off profiling pass before recurrence 1 over every feasible batch size, the same
-  windows, charged as pure overhead (its work is discarded). Window sizes in epochs need each dataset's
-  training-set size, which Zeus's traces do not hold: SAMPLES_PER_EPOCH gives the public figures.
+* with batch size: the default batch size is profiled JIT in its first run (as above); any other batch
+  size lazily, once the explorer would weigh it (a neighbour of a batch size known to converge), the same
+  windows, charged as pure overhead (its work is discarded) and against the explorer's budget; the
+  default's cost per epoch (b0 at the highest limit, measured by that profile) sets the budget. Window sizes
+  in epochs need each dataset's training-set size, which Zeus's traces do not hold: SAMPLES_PER_EPOCH gives
+  the public figures.
 
 Steady state = the expected cost per recurrence (expectation over the trace's seeds, counting retries of
 failing paths) of the configurations a policy used in the last 25 % of recurrences — decision quality,
@@ -208,34 +211,37 @@ def simulate_carbonflow(w: Workload, n_rec: int, seed: int, with_bs: bool) -> Ou
     rng_bso = np.random.default_rng([seed, 1])
     out = Outcome()
     chosen_pl: dict[int, int] = {}
-    profiled: set[int] = set()
+    pending_jit: dict[int, tuple] = {}
     if with_bs:
-        prior = {}
-        for bs in w.batch_sizes:
-            if not w.pls_for(bs):
-                continue
-            pl, e, t, _ = profile_power(w, bs)  # one-off profiling pass, overhead
-            chosen_pl[bs] = pl
-            profiled.add(bs)
-            out.energy_j += e
-            out.time_s += t
-            out.cost += zeus_cost(e, t, ETA, w.max_power)
-            prior[bs] = w.epoch_cost(bs, pl)
-        # The default (b0 at the highest limit) was measured by the profiling pass: its cost per epoch.
+        # The default batch size is profiled JIT in its first run (as carbonflow_pl does); the profile's
+        # highest limit there is the default configuration: its cost per epoch bounds the exploration budget.
+        jit0 = profile_power(w, w.b0)
+        chosen_pl[w.b0] = jit0[0]
+        pending_jit[w.b0] = jit0
+        prior = {w.b0: w.epoch_cost(w.b0, jit0[0])}
+        sizes = [b for b in w.batch_sizes if w.pls_for(b)]
         default_per_epoch = w.epoch_cost(w.b0, max(w.pls_for(w.b0)))
         explorer = BatchSizeExplorer(
-            sorted(prior), w.b0, prior, beta=BETA, horizon=n_rec, default_cost_per_epoch=default_per_epoch
+            sizes, w.b0, prior, beta=BETA, horizon=n_rec, default_cost_per_epoch=default_per_epoch
         )
-        explorer.charge(out.cost)  # the profiling pass trained nothing
     for _ in range(n_rec):
         for attempt in range(20):
             if not with_bs:
                 bs = w.b0
             elif attempt == 0:
+                for b in explorer.unprofiled():  # lazily: only what the explorer would weigh next
+                    pl_b, e, t, _ = profile_power(w, b)  # its work is discarded: pure overhead
+                    overhead = zeus_cost(e, t, ETA, w.max_power)
+                    out.cost += overhead
+                    out.energy_j += e
+                    out.time_s += t
+                    explorer.charge(overhead)
+                    chosen_pl[b] = pl_b
+                    explorer.add_profile(b, w.epoch_cost(b, pl_b))
                 bs = explorer.choose(rng_bso)
             else:  # a retry exploits the best known batch size
                 bs = explorer.best_mean()[0]
-            jit = None
+            jit = pending_jit.pop(bs, None)
             if bs not in chosen_pl:
                 jit = profile_power(w, bs)
                 chosen_pl[bs] = jit[0]

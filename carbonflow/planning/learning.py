@@ -210,8 +210,10 @@ class _Arm:
 class BatchSizeExplorer:
     """Choose a batch size per recurrence of a job trained to a target metric (see the module docstring).
 
-    ``prior_cost_per_epoch`` maps each candidate batch size to the cost of one epoch at its best power limit
-    (from the profile, in the units of the objective, e.g. Zeus's cost in J). The caller runs the chosen batch
+    ``prior_cost_per_epoch`` maps candidate batch sizes to the cost of one epoch at their best power limit
+    (from the profile, in the units of the objective, e.g. Zeus's cost in J); the default batch size must be
+    there, the others may be profiled lazily: :meth:`unprofiled` lists those the explorer would weigh next,
+    the caller profiles them and hands the result to :meth:`add_profile`. The caller runs the chosen batch
     size, stops it at :meth:`stop_threshold`, and reports the outcome with :meth:`observe`. Deterministic
     given the ``numpy.random.Generator`` handed to :meth:`choose`.
     """
@@ -244,9 +246,9 @@ class BatchSizeExplorer:
             raise ValueError(
                 f"default_batch_size={self.default_batch_size} is not among batch_sizes={list(self.batch_sizes)}"
             )
-        missing = [b for b in self.batch_sizes if b not in self.prior_cost_per_epoch]
-        if missing:
-            raise ValueError(f"prior_cost_per_epoch has no entry for batch sizes {missing}")
+        if self.default_batch_size not in self.prior_cost_per_epoch:
+            raise ValueError(f"prior_cost_per_epoch has no entry for the default batch size {self.default_batch_size}")
+        self.prior_cost_per_epoch = dict(self.prior_cost_per_epoch)
         self.arms: dict[int, _Arm] = {b: _Arm() for b in sorted(self.batch_sizes)}
         self.epochs_seen: dict[int, list[float]] = {b: [] for b in self.batch_sizes}
         self.explored = 0
@@ -327,8 +329,37 @@ class BatchSizeExplorer:
         return float(math.exp(ly[-1] + slope * (math.log(b) - lx[-1])))
 
     def predicted_cost(self, b: int) -> float:
-        """Profile cost per epoch × predicted epochs to target."""
+        """Profile cost per epoch × predicted epochs to target (inf: not profiled)."""
+        if b not in self.prior_cost_per_epoch:
+            return math.inf
         return self.prior_cost_per_epoch[b] * self.predicted_epochs(b)
+
+    def _weighable(self) -> list[int]:
+        """Untried batch sizes next to one known to converge (all untried ones while none is known)."""
+        sizes = sorted(self.arms)
+        converged = {i for i, b in enumerate(sizes) if self.arms[b].costs}
+        return [
+            b
+            for i, b in enumerate(sizes)
+            if not self.arms[b].costs
+            and not self.arms[b].failures
+            and (not converged or {i - 1, i + 1} & converged)  # no long extrapolations
+        ]
+
+    def unprofiled(self) -> list[int]:
+        """Batch sizes the explorer would weigh next but has no profile of (profile them, then :meth:`add_profile`).
+
+        Empty until the default batch size has run: only neighbours of a batch size known to converge count.
+        """
+        if not self.runs:
+            return []
+        return [b for b in self._weighable() if b not in self.prior_cost_per_epoch]
+
+    def add_profile(self, batch_size: int, cost_per_epoch: float) -> None:
+        """The profiled cost of one epoch at ``batch_size`` (at its best power limit)."""
+        if batch_size not in self.arms:
+            raise ValueError(f"batch_size={batch_size} is not among {list(self.arms)}")
+        self.prior_cost_per_epoch[batch_size] = cost_per_epoch
 
     def untried_order(self) -> list[int]:
         """Untried, still plausible batch sizes, most promising first (by predicted cost to target).
@@ -337,14 +368,10 @@ class BatchSizeExplorer:
         their predicted cost, times ``optimism``, is below the best mean cost seen.
         """
         _, best = self.best_mean()
-        sizes = sorted(self.arms)
-        converged = {i for i, b in enumerate(sizes) if self.arms[b].costs}
         scored = []
-        for i, b in enumerate(sizes):
-            if self.arms[b].costs or self.arms[b].failures:
-                continue
-            if converged and not ({i - 1, i + 1} & converged):
-                continue  # only next to a batch size known to converge: no long extrapolations
+        for b in self._weighable():
+            if b not in self.prior_cost_per_epoch:
+                continue  # not profiled (yet)
             cost = self.predicted_cost(b)
             if cost * self.optimism >= best:
                 continue

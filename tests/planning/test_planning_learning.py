@@ -99,7 +99,25 @@ def test_explorer_validates_inputs():
     with pytest.raises(ValueError, match="default_batch_size"):
         BatchSizeExplorer([32, 64], 128, {32: 1.0, 64: 1.0})
     with pytest.raises(ValueError, match="prior_cost_per_epoch"):
-        BatchSizeExplorer([32, 64], 64, {64: 1.0})
+        BatchSizeExplorer([32, 64], 64, {32: 1.0})
+    with pytest.raises(ValueError, match="batch_size=16"):
+        BatchSizeExplorer([32, 64], 64, {64: 1.0}).add_profile(16, 1.0)
+
+
+def test_explorer_asks_for_the_profiles_it_would_weigh_and_only_those():
+    sizes = [16, 32, 64, 128, 256]
+    explorer = BatchSizeExplorer(sizes, 64, {64: 4.0}, beta=2.0, horizon=50)
+    assert explorer.unprofiled() == []  # the default runs first
+    assert explorer.choose(np.random.default_rng(0)) == 64
+    explorer.observe(64, 40.0, True, 10.0)
+    assert explorer.unprofiled() == [32, 128]  # the neighbours of a batch size known to converge
+    assert explorer.untried_order() == []  # nothing to weigh without their profiles
+    explorer.add_profile(32, 6.0)
+    explorer.add_profile(128, 2.5)
+    assert explorer.unprofiled() == []
+    assert explorer.choose(np.random.default_rng(0)) == 128  # the profile promises 128
+    explorer.observe(128, 27.0, True, 10.8)
+    assert explorer.unprofiled() == [256]
 
 
 def test_exploration_pays_off():
