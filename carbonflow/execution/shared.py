@@ -346,9 +346,10 @@ def _account(
             overlap_j += sum(measured.energy_j.values())
     runs = []
     for m in members:
+        # Phase windows leave microseconds between them: normalise, so the device total is split exactly.
         fractions = {
-            dev_id: min(charged[m.index][dev_id] / joules, 1.0) if joules > 0 else 0.5
-            for dev_id, joules in total.energy_j.items()
+            dev_id: charged[m.index][dev_id] / both if (both := sum(c[dev_id] for c in charged)) > 0 else 0.5
+            for dev_id in total.energy_j
         }
         per_device = device_energies(total, devices, shares=fractions)
         for entry in per_device:

@@ -200,7 +200,9 @@ class CarbonAwareTrainingOperator(BaseOperator):
             "forecast": forecast,
             "replans": 0,
         }
-        if plan.colocated_with:
+        if plan.colocated_with and self.backend != "local":
+            self.log.info("co-located through the cluster's time-sliced GPU resource; each job launches its own pod")
+        elif plan.colocated_with:
             group = sorted([spec.name, *plan.colocated_with])
             if group[0] != spec.name:
                 return self._follow(context, spec, plan, group[0], clock, source)
