@@ -209,7 +209,8 @@ def print_summary(console: Console, runs: list[dict[str, Any]]) -> None:
         saving = "–" if saving_g is None else f"{saving_g:.3f} g ({(fraction or 0) * 100:.1f} %)"
         table.add_row(
             run["job"],
-            f"{p.get(s.P_CONTAINERS)}× @ {p.get(s.P_POWER_LIMIT_W)} W",
+            f"{p.get(s.P_CONTAINERS)}× @ {p.get(s.P_POWER_LIMIT_W)} W"
+            + ("" if p.get(s.P_COLOCATED_JOBS, "none") == "none" else f", GPU shared with {p[s.P_COLOCATED_JOBS]}"),
             _when(p.get(s.P_PLANNED_START)),
             f"{_kj(m.get(s.M_PREDICTED_ENERGY_TOTAL_J))} / {_kj(m.get(s.M_ENERGY_TOTAL_J))}",
             f"{_g(m.get(s.M_PREDICTED_EMISSIONS_G))} / {_g(m.get(s.M_EMISSIONS_G))}",
@@ -237,7 +238,8 @@ def print_summary(console: Console, runs: list[dict[str, Any]]) -> None:
             )
         for device in _devices(run["run_id"]):
             console.print(
-                f"    {device['kind']} {device['device_model']}: {device['energy_j']:.1f} J ({device['label']})",
+                f"    {device['kind']} {device['device_model']}: {device['energy_j']:.1f} J ({device['label']})"
+                + (f", {device['share'] * 100:.0f} % of the shared device" if device.get("share", 1) < 1 else ""),
                 soft_wrap=True,
             )
     labels = runs[0]["tags"].get(s.T_ENERGY_LABELS, "")

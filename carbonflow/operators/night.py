@@ -205,6 +205,8 @@ class NightPlanOperator(BaseOperator):
         guards: dict[str, float] = {}
         for plan in plans:
             plan.replay = forecasts[plan.region].replay
+            if not plan.colocated_with:
+                plan.reason += _why_alone(plan.job, by_name, profiles, pair_profiles, history)
             self.log.info("%s: %s", plan.job, plan.reason)
             partner = plan.colocated_with[0] if plan.colocated_with else None
             if partner is None or plan.job > partner:
@@ -229,3 +231,28 @@ class NightPlanOperator(BaseOperator):
             "min_kept_speed": guards,
             "pairs": [dataclasses.asdict(p) for p in pair_profiles],
         }
+
+
+def _why_alone(
+    job: str, specs: Mapping[str, JobSpec], profiles: Mapping[str, Profile], pair_profiles: Sequence[Any], history: Any
+) -> str:
+    """For a job that was measured with a partner but runs alone: the predicted slowdowns that kept them apart."""
+    from carbonflow.planning.colocation import predict_pair_slowdown
+    from carbonflow.planning.optimizer import predict_candidates
+
+    notes = []
+    for pair in pair_profiles:
+        if job not in (pair.job_a, pair.job_b):
+            continue
+        other = pair.job_b if pair.job_a == job else pair.job_a
+        solo = [predict_candidates(specs[n], profiles[n], history)[1].duration_s for n in (job, other)]
+        slow = predict_pair_slowdown(job, other, solo[0], solo[1], pair_profiles, history)
+        if slow is None:
+            continue
+        notes.append(
+            f"; alone, not with {other}: together they would slow {slow[0] * 100:.0f} % / {slow[1] * 100:.0f} % "
+            f"(bounds {specs[job].max_slowdown * 100:.0f} % / {specs[other].max_slowdown * 100:.0f} %)"
+            if slow[0] > specs[job].max_slowdown or slow[1] > specs[other].max_slowdown
+            else f"; alone, not with {other}: sharing a GPU would not save on the objective"
+        )
+    return "".join(notes)
