@@ -15,6 +15,9 @@ API others call::
       .epochs_to_target(job, batch_size) -> float | None
       .pair_slowdown(job, other) -> float | None         # worst observed slowdown of job next to other
     BatchSizeExplorer(batch_sizes, default_batch_size, prior_cost_per_epoch, ...)  # see class doc
+      .choose(rng) -> int; .stop_threshold(batch_size) -> float; .observe(batch_size, cost, reached, epochs)
+      .unprofiled() -> list[int]; .add_profile(batch_size, cost_per_epoch)   # lazy profiling
+      .budget() -> float; .charge(cost)                                      # conservative exploration
 
 Prediction correction: the ratio realised/predicted of duration and of energy, per job and configuration,
 over the last ``drift_window`` runs (median, robust to one odd night); when a configuration has no runs,
@@ -23,24 +26,31 @@ and the window forgets older nights.
 
 Batch-size exploration (Zeus's problem, NSDI'23 §4): epochs-to-target per batch size is random and unknown;
 cost per epoch per batch size is known from the profile (a short profiling window per batch size).
-:class:`BatchSizeExplorer` (1) starts from the default batch size; (2) predicts every untried batch size's
-cost to target as profile cost per epoch × epochs predicted from the batch sizes seen so far (log-log
-interpolation, or extrapolation with the observed slope; a larger size than any seen is assumed to need
-``b ** prior_epoch_exponent`` more epochs until two sizes are known, a smaller one no fewer) and tries the
-cheapest-predicted neighbour of a batch size known to converge — not Zeus's fixed "down, then up, twice"
-order; (3) tries it only if its optimistic predicted cost is below the best mean seen and, when the job's
-number of recurrences is known, only if that saving over the remaining recurrences covers the worst loss of
-one exploratory run; when the cost per epoch of the job's default configuration is given, a batch size the
-profile does not promise a saving on (predicted cost not below the best mean: only ``optimism`` makes it worth
-a try) is tried only while the saving banked over that default plus the incumbent's saving over the
-remaining recurrences covers its worst loss, and known batch sizes costlier than the incumbent are only
-drawn while that budget covers their extra cost (a conservative bandit: a guess the profile does not back
-cannot take the job's cumulative cost above its default's); (4) stops an exploratory run early once it has
-spent ``explore_beta`` × the best mean cost, at most that budget when the profile promised nothing (``beta``
-for known batch sizes, as Zeus); (5) confirms a promising single observation once, then
-exploits by Gaussian Thompson sampling whose spread never falls below the run-to-run variation seen on
-well-observed batch sizes and, when the number of recurrences is known, shrinks as √(remaining / horizon)
-(information is worth less as fewer recurrences remain).
+:class:`BatchSizeExplorer`
+
+1. starts from the default batch size;
+2. predicts an untried batch size's cost to target as profile cost per epoch × epochs predicted from the
+   batch sizes seen so far (log-log interpolation, or extrapolation with the observed slope; a larger size
+   than any seen is assumed to need ``b ** prior_epoch_exponent`` more epochs until two sizes are known, a
+   smaller one no fewer) and tries the cheapest-predicted neighbour of a batch size known to converge — not
+   Zeus's fixed "down, then up, twice" order; an untried size is only profiled once it becomes such a
+   neighbour (:meth:`BatchSizeExplorer.unprofiled`);
+3. tries it only if its optimistic predicted cost (``optimism`` × the prediction from the fewest epochs each
+   seen size needed, so one unlucky run does not close a direction) is below the best mean seen and, when
+   the job's number of recurrences is known, only if that saving over the remaining recurrences covers the
+   worst loss of one exploratory run. When the cost per epoch of the job's default configuration is given,
+   a size the profile does not promise a saving on (predicted cost from the mean epochs not below the best
+   mean: only optimism makes it worth a try) is tried only while the saving banked over that default plus
+   the incumbent's saving over the remaining recurrences covers its worst loss, and known sizes costlier
+   than the incumbent are only drawn while that budget covers their extra cost — a conservative bandit: a
+   guess the profile does not back cannot take the job's cumulative cost above its default's;
+4. stops an exploratory run early once it has spent ``explore_beta`` × the best mean cost (at most that
+   budget when the profile promised nothing), a run of a known batch size at ``beta`` × it, as Zeus;
+5. confirms a promising single observation once (the observation shrunk halfway toward what the profile and
+   the other sizes predict, so one unlucky run does not drop a size the profile favours), then exploits by
+   Gaussian Thompson sampling whose spread never falls below the run-to-run variation seen on well-observed
+   sizes and, when the number of recurrences is known, shrinks as √(remaining / horizon) (information is
+   worth less as fewer recurrences remain).
 """
 
 from __future__ import annotations
@@ -300,11 +310,16 @@ class BatchSizeExplorer:
         """Count a cost that trained nothing (e.g. a profiling pass) against the exploration budget."""
         self.spent += cost
 
-    def predicted_epochs(self, b: int) -> float:
-        """Epochs to target predicted for batch size ``b`` from the ones observed (see the class doc)."""
-        seen = {x: float(np.mean(e)) for x, e in self.epochs_seen.items() if e}
-        if b in seen:
-            return seen[b]
+    def predicted_epochs(self, b: int, optimistic: bool = False, own: bool = True) -> float:
+        """Epochs to target predicted for batch size ``b`` from the ones observed (see the class doc).
+
+        Its own mean if ``b`` was seen (and ``own``); else from the other batch sizes, with ``optimistic`` from
+        the fewest epochs each needed (one unlucky run must not close a direction), else from their means.
+        """
+        if self.epochs_seen[b] and own:
+            return float(np.mean(self.epochs_seen[b]))
+        summary = min if optimistic else np.mean
+        seen = {x: float(summary(e)) for x, e in self.epochs_seen.items() if e and x != b}
         if not seen:
             return math.inf
         lo, hi = min(seen), max(seen)
@@ -328,11 +343,11 @@ class BatchSizeExplorer:
             return float(min(seen.values()) * math.exp(slope * (math.log(b) - lx[0])))
         return float(math.exp(ly[-1] + slope * (math.log(b) - lx[-1])))
 
-    def predicted_cost(self, b: int) -> float:
+    def predicted_cost(self, b: int, optimistic: bool = False) -> float:
         """Profile cost per epoch × predicted epochs to target (inf: not profiled)."""
         if b not in self.prior_cost_per_epoch:
             return math.inf
-        return self.prior_cost_per_epoch[b] * self.predicted_epochs(b)
+        return self.prior_cost_per_epoch[b] * self.predicted_epochs(b, optimistic)
 
     def _weighable(self) -> list[int]:
         """Untried batch sizes next to one known to converge (all untried ones while none is known)."""
@@ -372,7 +387,7 @@ class BatchSizeExplorer:
         for b in self._weighable():
             if b not in self.prior_cost_per_epoch:
                 continue  # not profiled (yet)
-            cost = self.predicted_cost(b)
+            cost = self.predicted_cost(b, optimistic=True)
             if cost * self.optimism >= best:
                 continue
             worst_loss = self.explore_limit(b)
@@ -409,7 +424,7 @@ class BatchSizeExplorer:
         confirm = [
             (self.arms[b].mean(), b)
             for b in candidates
-            if len(self.arms[b].costs) == 1 and self.arms[b].mean() <= best * (1 + margin)
+            if len(self.arms[b].costs) == 1 and self._one_run_estimate(b) <= best * (1 + margin)
         ]
         if confirm and budget_left and any(len(self.arms[b].costs) >= 2 for b in candidates):
             return min(confirm)[1]
@@ -426,6 +441,15 @@ class BatchSizeExplorer:
             std = max(sample_std, floor * mean) / math.sqrt(len(costs)) * decay
             draws.append((float(rng.normal(mean, max(std, 1e-12))), b))
         return min(draws)[1]
+
+    def _one_run_estimate(self, b: int) -> float:
+        """A batch size's cost seen once, shrunk halfway toward what the profile and the other sizes predict.
+
+        One unlucky run (epochs to target vary run to run) must not drop a batch size the profile favours.
+        """
+        seen = self.arms[b].mean()
+        predicted = self.prior_cost_per_epoch[b] * self.predicted_epochs(b, optimistic=True, own=False)
+        return min(seen, (seen + predicted) / 2) if math.isfinite(predicted) else seen
 
     def pooled_cv(self) -> float:
         """Coefficient of variation of the cost to target, pooled over arms seen at least 3 times.

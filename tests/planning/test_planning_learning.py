@@ -184,3 +184,21 @@ def test_budget_counts_banked_savings_charges_and_the_incumbents_future_savings(
     # A guess the profile does not back (64: 2 per epoch) stops at the budget if that is below 1.5 × best.
     explorer.charge(30.0)
     assert explorer.explore_limit(64) == pytest.approx(10.0)
+
+
+def test_one_unlucky_run_does_not_close_a_direction_the_profile_favours():
+    # Epochs to target vary run to run (Zeus's NCF traces: 4 to 7 at 4096). One 7-epoch run at 4096 makes it
+    # look 48 % dearer than 2048, but the profile says its epochs are 15 % cheaper: it is run once more.
+    per_epoch = {1024: 2.7, 2048: 1.7, 4096: 1.44, 8192: 1.1}
+    explorer = BatchSizeExplorer(list(per_epoch), 1024, per_epoch)
+    explorer.observe(1024, 10.8, True, 4.0)
+    explorer.observe(2048, 6.8, True, 4.0)
+    explorer.observe(2048, 6.8, True, 4.0)
+    explorer.observe(4096, 1.44 * 7, True, 7.0)
+    assert explorer.untried_order() == []  # 8192 extrapolated from the unlucky run looks dear
+    assert explorer.choose(np.random.default_rng(0)) == 4096
+    explorer.observe(4096, 1.44 * 4, True, 4.0)
+    # Untried sizes are weighed from the fewest epochs each size needed: 8192 is worth a try now.
+    assert explorer.predicted_epochs(8192, optimistic=True) == pytest.approx(4.0)
+    assert explorer.predicted_epochs(8192) > 5.5
+    assert explorer.choose(np.random.default_rng(0)) == 8192
