@@ -1,7 +1,8 @@
 """End to end: nightly_retrain runs through Airflow on the embedded DB and leaves its MLflow runs.
 
-profile → plan → wait (deferred; the trigger runs in-process under dag.test) → train → log, with
-the real digits CNN on this CPU, the simulated V100, and replayed NESO GB carbon data.
+profile → pair-profile → plan the night → wait (deferred; the trigger runs in-process under dag.test)
+→ train → log, with the real digits CNN on this CPU, the simulated V100, and replayed NESO GB carbon
+data.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def test_nightly_retrain_leaves_a_complete_mlflow_run_per_job(dag_bag) -> None:
         assert "simulated" in data.tags[s.T_ENERGY_LABELS] and "estimated" in data.tags[s.T_ENERGY_LABELS]
         artifacts = {a.path for a in client.list_artifacts(new[0].info.run_id)}
         assert s.A_PLAN in artifacts
+        # The two jobs were pair-profiled and planned together: they share a GPU, or the plan says why not.
+        partner = next(j for j in jobs if j != job)
+        shared = data.params[s.P_COLOCATED_JOBS] == partner
+        assert shared or f"not with {partner}" in data.params[s.P_PLAN_REASON], data.params[s.P_PLAN_REASON]
 
 
 def _training_runs(client, job: str) -> list:
