@@ -41,8 +41,9 @@ How a plan is made
   recent run at this batch size needed × ``DEADLINE_EPOCH_MARGIN``, at most ``spec.epochs`` (the job's epoch
   budget; the budget itself until ``DEADLINE_MIN_RUNS`` runs at this batch size reached the target) — not for
   the expected epochs the cost is computed with; at most the explorer's early-stop threshold, and for an
-  untried batch size plus the time to rerun at the best known one. When even that does not fit, a learned
-  batch size falls back to the best known one (else the job's own), and the start to now.
+  untried batch size plus the time to rerun at the best known one. Configurations without that room are left
+  out while one has it; a learned batch size none of whose configurations has it falls back to the best
+  known one (else the job's own); when no configuration has it at all, the start is now.
 * **Deadline.** If even the fastest configuration started now cannot finish by ``finish_by``,
   ``on_infeasible="raise"`` (default) raises :class:`DeadlineError` (a ValueError naming ``finish_by``) and
   ``on_infeasible="fastest"`` returns the fastest configuration starting now with a reason that begins
@@ -383,11 +384,17 @@ def plan_job(
         forecast = shrink_forecast(forecast, now)
         notes.append("forecast shrunk by its error")
     integral = IntensityIntegral(forecast, now) if forecast is not None else None
+    squeezed = np.zeros(n, dtype=bool)
     if finish_by_s is not None:
         latest = finish_by_s - durations
         margin = margin_all
-        if margin is not None:  # plan the latest start for the job's likely most epochs, else start now
-            latest = np.where(latest >= -_EPS, np.maximum(0.0, finish_by_s - durations * margin), latest)
+        if margin is not None:  # plan the latest start for the job's likely most epochs
+            roomy = durations * margin <= finish_by_s + _EPS
+            if np.any(roomy & within):  # configurations without room for them are left out
+                squeezed = (latest >= -_EPS) & ~roomy
+                latest = np.where(roomy, finish_by_s - durations * margin, -1.0)
+            else:  # none has room: start now
+                latest = np.where(latest >= -_EPS, np.maximum(0.0, finish_by_s - durations * margin), latest)
     elif integral is not None:
         latest = np.maximum(0.0, integral.horizon_end_s - durations)
     else:
@@ -479,6 +486,8 @@ def plan_job(
         if not meets_deadline_now[i]:
             finish = now + timedelta(seconds=float(durations[i]))
             why = f"finishes {finish.isoformat(timespec='minutes')} after finish_by even if started now"
+            if squeezed[i]:
+                why = "no room before finish_by for the most epochs it is likely to need (see deadline_epochs)"
             ci0 = float(integral.mean(0.0, durations[i])) if integral is not None else 0.0
             e0 = emissions_g(energies[i], ci0)
             c0 = float(objective_costs(objective, energies[i : i + 1], durations[i : i + 1], np.array([e0]), ref)[0])

@@ -349,3 +349,17 @@ def test_exploration_only_when_an_early_stop_and_a_rerun_still_fit_before_finish
     assert tight.config.batch_size == 64
     assert "does not fit" in tight.reason
     assert tight.start + timedelta(seconds=7500) <= spec(3.0).finish_by
+
+
+def test_a_configuration_without_room_for_its_most_epochs_is_left_out_while_another_has_it():
+    profile = make_profile(batch_sizes=(64,))  # 50,000 samples per epoch; 175 W is the least energy per sample
+    spec = make_spec(hours=5000 / 3600, epochs=10, batch_size=64, target_metric="accuracy", objective="energy")
+    spec = spec.model_copy(update={"max_slowdown": 1.0})
+    history = JobHistory([_target_run(spec.name, d, 64, e) for d, e in ((3, 4.0), (2, 4.0), (1, 6.0))])
+    # 9 epochs (1.5 x 6) at 175 W take 5357 s > 5000 s; at 200 W 4839 s: 200 W it is, although 175 W's
+    # expected 4.67 epochs would fit.
+    plan = plan_job(spec, profile, None, NOW, history)
+    assert plan.config.power_limit_w == 200
+    assert plan.start + timedelta(seconds=9 * 50_000 / 93.0) <= spec.finish_by
+    left_out = [a for a in plan.alternatives if a.config.power_limit_w == 175]
+    assert left_out and not left_out[0].feasible and "no room" in (left_out[0].why_not or "")
