@@ -38,7 +38,14 @@ import numpy as np
 from carbonflow.models import Config, EnergyLabel, Forecast, JobSpec, Plan, Profile
 from carbonflow.planning.costs import IntensityIntegral, shrink_forecast
 from carbonflow.planning.learning import JobHistory
-from carbonflow.planning.optimizer import Candidate, DeadlineError, deadline_epochs, plan_job, predict_candidates
+from carbonflow.planning.optimizer import (
+    Candidate,
+    DeadlineError,
+    batch_size_explorer,
+    deadline_epochs,
+    plan_job,
+    predict_candidates,
+)
 
 
 @dataclass(frozen=True)
@@ -284,6 +291,19 @@ def _deadline_factor(spec: JobSpec, profile: Profile, history: JobHistory | None
     return max(1.0, most / expected) if expected > 0 else 1.0
 
 
+def _explores(spec: JobSpec, profile: Profile, history: JobHistory | None, plan: Plan) -> bool:
+    """The job's solo plan tries a batch size that has not reached the target yet (an exploratory run).
+
+    Such a job is not co-located: a pair runs at the reference batch size, and a pair chosen because the
+    exploratory run is predicted dearer tonight would keep the explorer from ever learning.
+    """
+    explorer = batch_size_explorer(spec, profile, history)
+    if explorer is None:
+        return False
+    bs = plan.config.batch_size if plan.config.batch_size is not None else spec.batch_size
+    return bs != spec.batch_size and bs in explorer.arms and not explorer.arms[bs].costs
+
+
 def plan_night(
     specs: Sequence[JobSpec],
     profiles: Mapping[str, Profile],
@@ -297,7 +317,8 @@ def plan_night(
 
     ``profiles`` maps job name → Profile; ``forecasts`` maps region → Forecast (None: no forecast). Pairs
     are considered only between jobs of the same region with a pair profile (or history) for them, both
-    single-container, both slowdowns within their bounds and both deadlines met; the pairs chosen are those
+    single-container, both slowdowns within their bounds and both deadlines met, neither trying an untried batch
+    size tonight (an exploratory run is never traded for a pair at the reference); the pairs chosen are those
     of :func:`choose_colocation_pairs` on the saving in carbon (energy when a job's objective is not carbon
     or no forecast exists). A co-located job runs at its reference configuration (pair profiles are measured
     there). Output order = input order.
@@ -323,8 +344,9 @@ def plan_night(
     slowdowns: dict[tuple[str, str], tuple[float, float] | None] = {}
     savings: dict[tuple[str, str], float] = {}
     known = {(p.job_a, p.job_b) for p in pair_profiles or ()} | {(p.job_b, p.job_a) for p in pair_profiles or ()}
+    exploring = {n for n in names if _explores(by_name[n], profiles[n], history, solo[n])}
     for a, b in itertools.combinations(names, 2):
-        if (a, b) not in known:
+        if (a, b) not in known or a in exploring or b in exploring:
             continue
         sa, sb = by_name[a], by_name[b]
         if sa.region != sb.region or "DEADLINE AT RISK" in solo[a].reason or "DEADLINE AT RISK" in solo[b].reason:

@@ -132,3 +132,40 @@ def test_a_colocated_pair_trained_to_target_plans_finish_by_for_its_most_epochs(
     worst_s = DEADLINE_EPOCH_MARGIN * 3.0 * 500.0 / 0.95  # both at 95 % of their speed the whole time
     for p in plans:
         assert p.start + timedelta(seconds=worst_s) <= p.finish_by + timedelta(seconds=1)  # starts kept to the ms
+
+
+def test_a_job_trying_an_untried_batch_size_tonight_is_not_colocated():
+    from carbonflow.planning import JobHistory, RunRecord
+
+    records = [
+        RunRecord(
+            job=job,
+            config_key="c1-pl250-b64",
+            finished_at=NOW - timedelta(days=d),
+            predicted_duration_s=1.0,
+            realised_duration_s=1.0,
+            predicted_energy_j=1.2e6,
+            realised_energy_j=1.2e6,
+            batch_size=64,
+            epochs=10.0,
+            reached_target=True,
+        )
+        for job in ("a", "b")
+        for d in (3, 2, 1)
+    ]
+    profiles = {n: make_profile(rows=LIGHT, job=n, batch_sizes=(64, 256), bs_speed={64: 1.0, 256: 3.0}) for n in "ab"}
+    pairs = [PairProfile("a", "b", 0.95, 0.95, power_w=130.0, label="simulated")]
+    forecast = make_forecast([200.0] * 96)
+
+    def night(batch_sizes):
+        specs = [
+            make_spec(n, epochs=20, batch_size=64, batch_sizes=batch_sizes, target_metric="accuracy", max_slowdown=1)
+            for n in "ab"
+        ]
+        return plan_night(specs, profiles, {"GB": forecast}, NOW, pair_profiles=pairs, history=JobHistory(records))
+
+    fixed = night(None)  # batch size not opted in: the pair saves energy and is taken
+    assert all(p.colocated_with for p in fixed)
+    exploring = night([64, 256])  # both want to try 256 tonight: no pair at the reference batch size
+    assert [p.config.batch_size for p in exploring] == [256, 256]
+    assert not any(p.colocated_with for p in exploring)
