@@ -13,7 +13,8 @@ API others call::
     predict_pair_slowdown(job_a, job_b, solo_a_s, solo_b_s, pair_profiles=None, history=None)
         -> tuple[float, float] | None                                     # None: nothing known, never pair
     choose_colocation_pairs(jobs, max_slowdowns, pair_slowdowns, savings) -> list[tuple[str, str]]
-    plan_night(specs, profiles, forecasts, now, pair_profiles=None, history=None, robust=False) -> list[Plan]
+    plan_night(specs, profiles, forecasts, now, pair_profiles=None, history=None, robust=False,
+               early_stop=False) -> list[Plan]
     separate_if_slow(observed_slowdowns, plans, max_slowdowns) -> Separation
     observed_slowdown(solo_throughput, observed_throughput) -> float
 
@@ -312,6 +313,7 @@ def plan_night(
     pair_profiles: Sequence[PairProfile] | None = None,
     history: JobHistory | None = None,
     robust: bool = False,
+    early_stop: bool = False,
 ) -> list[Plan]:
     """Plans for a night's batch: each job's joint plan, then guarded co-location where it saves more.
 
@@ -321,7 +323,7 @@ def plan_night(
     size tonight (an exploratory run is never traded for a pair at the reference); the pairs chosen are those
     of :func:`choose_colocation_pairs` on the saving in carbon (energy when a job's objective is not carbon
     or no forecast exists). A co-located job runs at its reference configuration (pair profiles are measured
-    there). Output order = input order.
+    there). ``early_stop`` is handed to :func:`plan_job`. Output order = input order.
     """
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
@@ -332,7 +334,14 @@ def plan_night(
             raise ValueError(f"profiles has no entry for job {name!r}; profile it before planning the night")
     solo = {
         s.name: plan_job(
-            s, profiles[s.name], forecasts.get(s.region), now, history, on_infeasible="fastest", robust=robust
+            s,
+            profiles[s.name],
+            forecasts.get(s.region),
+            now,
+            history,
+            on_infeasible="fastest",
+            robust=robust,
+            early_stop=early_stop,
         )
         for s in specs
     }

@@ -9,7 +9,7 @@ API others call::
     deadline_epochs(spec, history, batch_size) -> float | None        # epochs the deadline is planned for
     plan_job(spec: JobSpec, profile: Profile, forecast: Forecast | None, now: datetime,
              history: JobHistory | None = None, *, on_infeasible: "raise" | "fastest" = "raise",
-             alternatives_per_config: int = 3, robust: bool = False) -> Plan
+             alternatives_per_config: int = 3, robust: bool = False, early_stop: bool = False) -> Plan
     choose_power_limit(power_limits_w, time_s, power_w, *, objective="energy", max_slowdown=0.10,
                        default_power_limit_w=None, max_power_w=None) -> float
     predict_candidates(spec, profile, history=None) -> (list[Candidate], reference Candidate, Reference)
@@ -40,8 +40,9 @@ How a plan is made
   vary from run to run, so the latest start is computed for :func:`deadline_epochs` — the most epochs a
   recent run at this batch size needed × ``DEADLINE_EPOCH_MARGIN``, at most ``spec.epochs`` (the job's epoch
   budget; the budget itself until ``DEADLINE_MIN_RUNS`` runs at this batch size reached the target) — not for
-  the expected epochs the cost is computed with; at most the explorer's early-stop threshold, and for an
-  untried batch size plus the time to rerun at the best known one. Configurations without that room are left
+  the expected epochs the cost is computed with; with ``early_stop=True`` (the caller stops a run at the
+  explorer's threshold) at most that threshold, and for an untried batch size plus the time to rerun at the
+  best known one. Configurations without that room are left
   out while one has it; a learned batch size none of whose configurations has it falls back to the best
   known one (else the job's own); when no configuration has it at all, the start is now.
 * **Deadline.** If even the fastest configuration started now cannot finish by ``finish_by``,
@@ -251,7 +252,7 @@ def predict_candidates(
         if bs not in works:
             works[bs] = work_samples(spec, profile, bs, history)
             b = bs if bs is not None else spec.batch_size
-            if explorer is not None and history is not None and history.epochs_to_target(spec.name, bs) is None:
+            if explorer is not None and history is not None and history.epochs_to_target(spec.name, b) is None:
                 # An untried batch size: the epochs the explorer predicts from the sizes seen, within the budget.
                 guess = explorer.predicted_epochs(b) if b in explorer.arms else float("inf")
                 if np.isfinite(guess) and guess > 0 and profile.samples_per_epoch:
@@ -318,8 +319,14 @@ def plan_job(
     on_infeasible: Literal["raise", "fastest"] = "raise",
     alternatives_per_config: int = 3,
     robust: bool = False,
+    early_stop: bool = False,
 ) -> Plan:
-    """Choose configuration and start jointly for one job (see the module docstring)."""
+    """Choose configuration and start jointly for one job (see the module docstring).
+
+    ``early_stop=True``: the caller stops a run of a target-trained job once it has spent the batch-size
+    explorer's :meth:`~carbonflow.planning.learning.BatchSizeExplorer.stop_threshold` and reruns it at once at
+    the best known batch size; the deadline margin then counts on that stop and reserves time for the rerun.
+    """
     _utc("now", now)
     if on_infeasible not in ("raise", "fastest"):
         raise ValueError(f"on_infeasible={on_infeasible!r} is not allowed; use 'raise' or 'fastest'")
@@ -339,7 +346,7 @@ def plan_job(
     candidates, ref_c, ref = predict_candidates(spec, profile, history)
     explorer = batch_size_explorer(spec, profile, history)
     limit_s = (spec.finish_by - now).total_seconds() if spec.finish_by is not None else float("inf")
-    margin_all, reserve_s = _deadline_factors(spec, profile, history, candidates, explorer)
+    margin_all, reserve_s = _deadline_factors(spec, profile, history, candidates, explorer if early_stop else None)
     if explorer is not None:
         assert history is not None
         learned_bs = explorer.choose(np.random.default_rng([0, explorer.runs]))  # = choose_batch_size(seed=0)

@@ -341,14 +341,19 @@ def test_exploration_only_when_an_early_stop_and_a_rerun_still_fit_before_finish
     # 64 at 250 W: 10 epochs = 5000 s, 236 W → 1.18 MJ per run.
     history = JobHistory([_target_run("job-a", d, 64, 10.0, energy_j=1.18e6) for d in (3, 2, 1)])
     forecast = make_forecast([200.0] * 96)
-    roomy = plan_job(spec(6.0), profile, forecast, NOW, history)
+    roomy = plan_job(spec(6.0), profile, forecast, NOW, history, early_stop=True)
     assert roomy.config.batch_size == 256
-    # 3 h: 256's worst case (its 20-epoch budget, 3333 s) plus a rerun at 64 planned for 15 epochs (7500 s)
-    # does not fit, although 64 alone does: no exploration tonight.
-    tight = plan_job(spec(3.0), profile, forecast, NOW, history)
+    # 3 h, the caller stopping a run at the explorer's threshold and rerunning it: 256's worst case (its
+    # 20-epoch budget, 3333 s) plus a rerun at 64 planned for 15 epochs (7500 s) does not fit, although 64
+    # alone does: no exploration tonight.
+    tight = plan_job(spec(3.0), profile, forecast, NOW, history, early_stop=True)
     assert tight.config.batch_size == 64
     assert "does not fit" in tight.reason
     assert tight.start + timedelta(seconds=7500) <= spec(3.0).finish_by
+    # A caller that does not stop runs early: no rerun to reserve for; 256 is planned for its whole budget.
+    no_stop = plan_job(spec(3.0), profile, forecast, NOW, history)
+    assert no_stop.config.batch_size == 256
+    assert no_stop.start + timedelta(seconds=20 * 50_000 / 300.0) <= spec(3.0).finish_by
 
 
 def test_a_configuration_without_room_for_its_most_epochs_is_left_out_while_another_has_it():
