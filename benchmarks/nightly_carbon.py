@@ -29,9 +29,10 @@ start is planned for 1.5 × the most epochs a recent run needed, the whole budge
 and, where the job opts in (``batch_sizes`` = every size Zeus measured on the V100 for the workload), the
 batch size: ``carbonflow.planning.optimizer.batch_size_explorer`` (profile-ordered Thompson sampling) chooses
 it night by night from the realised runs, **exploration included** — an exploratory run is stopped at the
-explorer's threshold (1.5 × the best mean energy) and rerun at once at the best known batch size, and all
-of it is counted. Nothing is known in hindsight except in the ``oracle`` row. The simulation's profiles
-are exact, so the history's prediction corrections are 1 (each record's prediction is for the epochs run).
+explorer's threshold (1.5 × the best mean energy) and rerun at once at the best known batch size (the
+planner is told so, ``early_stop=True``, and keeps room before finish-by for both), and all of it is
+counted. Nothing is known in hindsight except in the ``oracle`` row. The simulation's profiles are exact,
+so the history's prediction corrections are 1 (each record's prediction is for the epochs run).
 
 Policies compared (all decisions by ``carbonflow.planning``):
 ``baseline`` start now, b0, default (max) power limit, one job per GPU; ``power_limit`` the limit alone
