@@ -44,6 +44,9 @@ with DAG(
             description="override every job's objective",
         ),
         "power_limit_w": Param(None, type=["null", "number"], exclusiveMinimum=0, description="fixed GPU power limit"),
+        "max_slowdown": Param(
+            None, type=["null", "number"], minimum=0, description="override every job's allowed slowdown (fraction)"
+        ),
     },
     tags=["carbonflow", "nightly"],
 ) as dag:

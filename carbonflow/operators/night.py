@@ -203,10 +203,12 @@ class NightPlanOperator(BaseOperator):
         plans = plan_night(specs, profiles, forecasts, now, pair_profiles=pair_profiles, history=history)
         by_name = {s.name: s for s in specs}
         guards: dict[str, float] = {}
+        notes: dict[str, str] = {}
         for plan in plans:
             plan.replay = forecasts[plan.region].replay
             if not plan.colocated_with:
-                plan.reason += _why_alone(plan.job, by_name, profiles, pair_profiles, history)
+                notes[plan.job] = _why_alone(plan.job, by_name, profiles, pair_profiles, history)
+                plan.reason += notes[plan.job]
             self.log.info("%s: %s", plan.job, plan.reason)
             partner = plan.colocated_with[0] if plan.colocated_with else None
             if partner is None or plan.job > partner:
@@ -229,6 +231,7 @@ class NightPlanOperator(BaseOperator):
             "profiles": {name: p.model_dump(mode="json") for name, p in profiles.items()},
             "forecasts": {region: f.model_dump(mode="json") for region, f in forecasts.items()},
             "min_kept_speed": guards,
+            "notes": notes,
             "pairs": [dataclasses.asdict(p) for p in pair_profiles],
         }
 

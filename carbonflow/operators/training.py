@@ -199,14 +199,15 @@ class CarbonAwareTrainingOperator(BaseOperator):
             "first_now": night["now"],
             "forecast": forecast,
             "replans": 0,
+            "note": night.get("notes", {}).get(spec.name, ""),
         }
         if plan.colocated_with and self.backend != "local":
             self.log.info("co-located through the cluster's time-sliced GPU resource; each job launches its own pod")
         elif plan.colocated_with:
-            group = sorted([spec.name, *plan.colocated_with])
-            if group[0] != spec.name:
-                return self._follow(context, spec, plan, group[0], clock, source)
-            partner = group[1]
+            partner = plan.colocated_with[0]
+            claimed_by = _claimant(context, plan)
+            if claimed_by is not None and claimed_by != self.task_id:
+                return self._follow(context, spec, plan, claimed_by, clock, source)
             state["replans"] = self.max_replans  # the pair keeps the night plan's start
             state["partner"] = {
                 "job": night["jobs"][partner],
@@ -216,18 +217,21 @@ class CarbonAwareTrainingOperator(BaseOperator):
             }
             state["min_kept_speed"] = night.get("min_kept_speed", {}).get(spec.name)
             state["profile"] = night["profiles"][spec.name]
-            self.log.info("launching %s and %s together on one GPU at %s", spec.name, partner, plan.start.isoformat())
+            self.log.info(
+                "%s and %s share one GPU from %s; the first of their tasks to reach the start launches both",
+                spec.name, partner, plan.start.isoformat(),
+            )  # fmt: skip
         return self._wait_or_launch(context, state, clock, source)
 
     def _follow(
         self, context: Any, spec: JobSpec, plan: Plan, leader: str, clock: OperatorClock, source: CarbonSource
     ) -> dict[str, Any]:
-        """A co-located member: its pair's launcher (``leader``'s task) runs it; wait for that outcome."""
+        """A co-located member: its partner's task (``leader``) launched both; wait for that outcome."""
         path = group_result_path(_run_id(context), plan.config.colocation_group or "", spec.name)
         speedup = self.replay_speedup if source.replay else 1.0
         finish_by = spec.finish_by or plan.start + timedelta(seconds=plan.predicted_duration_s)
         timeout_s = max((finish_by - clock.now()).total_seconds(), 0.0) / speedup + FOLLOW_GRACE_S
-        self.log.info("co-located with %s: its task launches both on one GPU; waiting for %s", leader, path)
+        self.log.info("co-located: task %s launched both jobs on one GPU; waiting for %s", leader, path)
         if self.deferrable:
             self.defer(
                 trigger=GroupResultTrigger(str(path), timeout_s, reason=f"{spec.name} runs with {leader}"),
@@ -272,6 +276,7 @@ class CarbonAwareTrainingOperator(BaseOperator):
                 self.log.warning("forecast unreachable on waking (%s); keeping the plan", err)
             if forecast is not None and forecast.points and not _is_fallback(forecast):
                 new_plan = self._plan(spec, self._profile(context), forecast, now)
+                new_plan.reason += state.get("note", "")  # what the night plan knew (e.g. why it runs alone)
                 finish_ok = (
                     spec.finish_by is None
                     or new_plan.start + timedelta(seconds=new_plan.predicted_duration_s) <= spec.finish_by
@@ -330,6 +335,9 @@ class CarbonAwareTrainingOperator(BaseOperator):
         plan = Plan.model_validate(state["plan"])
         run_id = _run_id(context)
         if state.get("partner"):
+            claimed_by = _claim(context, plan, self.task_id)
+            if claimed_by != self.task_id:  # the partner's task got there first and runs this job too
+                return self._follow(context, spec, plan, claimed_by, clock, source)
             return self._launch_pair(context, state, clock, source)
         self._backend = make_backend(self.backend, home() / "runs" / safe_name(run_id) / spec.name, self.kubernetes)
         self.log.info("launching %s with %s", spec.name, plan.config.key())
@@ -512,3 +520,31 @@ def _write_json(path: Path, payload: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(payload), encoding="utf-8")
     tmp.replace(path)
+
+
+def _claim_path(context: Any, plan: Plan) -> Path:
+    return group_result_path(_run_id(context), plan.config.colocation_group or plan.job, "launcher")
+
+
+def _claimant(context: Any, plan: Plan) -> str | None:
+    """The task that claimed the launch of this co-located pair in this DAG run, if any."""
+    path = _claim_path(context, plan)
+    return path.read_text(encoding="utf-8").strip() or None if path.exists() else None
+
+
+def _claim(context: Any, plan: Plan, task_id: str) -> str:
+    """Claim the pair's launch (atomically: the first task to reach the start wins); returns the winner.
+
+    A retry of the winning task claims again: it is the same task id.
+    """
+    path = _claim_path(context, plan)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mine = path.with_name(f".{safe_name(task_id)}.{os.getpid()}.claim")
+    mine.write_text(task_id, encoding="utf-8")
+    try:
+        os.link(mine, path)  # atomic: fails if the claim exists, and a claim is never seen half-written
+    except FileExistsError:
+        pass
+    finally:
+        mine.unlink(missing_ok=True)
+    return _claimant(context, plan) or task_id

@@ -56,6 +56,7 @@ How a plan is made
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -177,7 +178,12 @@ def batch_size_explorer(spec: JobSpec, profile: Profile, history: JobHistory | N
     sizes = [b for b in sizes if b in prior]
     if spec.batch_size not in prior:
         return None
-    explorer = BatchSizeExplorer(sizes, spec.batch_size, prior)
+    # What the job costs per epoch without carbonflow (its batch size at the highest power limit profiled):
+    # with it the explorer only risks a run that what it saved over that default covers.
+    at_default = [p for p in profile.points if (p.config.batch_size or spec.batch_size) == spec.batch_size]
+    top = max(at_default, key=lambda p: p.config.power_limit_w or math.inf)
+    default_cost = _power_w(top) / top.throughput_samples_per_s * spe
+    explorer = BatchSizeExplorer(sizes, spec.batch_size, prior, default_cost_per_epoch=default_cost)
     for r in history.for_job(spec.name):
         if r.batch_size in prior:
             explorer.observe(r.batch_size, r.realised_energy_j, bool(r.reached_target), r.epochs)  # type: ignore[arg-type]

@@ -61,3 +61,26 @@ def _training_runs(client, job: str) -> list:
     if experiment is None:
         return []
     return client.search_runs([experiment.experiment_id], filter_string=f"tags.`{s.T_KIND}` = 'training'")
+
+
+def test_nightly_retrain_launches_a_colocated_pair_once(dag_bag) -> None:
+    """With room to slow down, the two jobs share one GPU: one task launches both, the other waits for it."""
+    from mlflow import MlflowClient
+
+    from carbonflow.tracking import schema as s
+
+    dag = dag_bag.get_dag("nightly_retrain")
+    client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    jobs = ("digits-cnn", "digits-cnn-wide-batch")
+    before = {r.info.run_id for job in jobs for r in _training_runs(client, job)}
+    run = dag.test(run_conf={"max_slowdown": 3.0, "objective": "energy"})
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert set(states.values()) == {"success"}, states
+    new = {job: [r for r in _training_runs(client, job) if r.info.run_id not in before] for job in jobs}
+    for job, partner in (jobs, jobs[::-1]):
+        assert len(new[job]) == 1, f"{job}: expected one new training run, found {len(new[job])}"
+        params = new[job][0].data.params
+        assert params[s.P_COLOCATED_JOBS] == partner, params[s.P_PLAN_REASON]
+        assert f"co-located with {partner}" in params[s.P_PLAN_REASON]
+    starts = {new[job][0].data.params[s.P_PLANNED_START] for job in jobs}
+    assert len(starts) == 1  # one launch for the pair

@@ -1,8 +1,8 @@
 """Co-location across jobs through the operators: night plan → one launch for the pair → two MLflow runs.
 
-The night is planned by the real NightPlanOperator from profiles and a pair profile; the pair's
-first job's CarbonAwareTrainingOperator launches both (the real digits CNN, twice, on one simulated
-V100) while the second job's task waits for the outcome; both runs land in the embedded MLflow.
+The night is planned by the real NightPlanOperator from profiles and a pair profile; the first of the
+pair's CarbonAwareTrainingOperators to reach the start launches both (the real digits CNN, twice, on
+one simulated V100) while the other waits for the outcome; both runs land in the embedded MLflow.
 """
 
 from __future__ import annotations
@@ -140,3 +140,19 @@ def test_a_member_whose_launcher_reported_a_failure_fails_with_the_reason(tmp_pa
         op.execute_follow_complete({}, {"status": "done", "path": str(path)})
     with pytest.raises(TrainingFailed, match="never reported"):
         op.execute_follow_complete({}, {"status": "timeout", "path": str(tmp_path / "missing.json")})
+
+
+def test_the_first_task_to_claim_a_pair_launches_it_and_a_retry_keeps_the_claim() -> None:
+    from carbonflow.models import Plan
+    from carbonflow.operators.training import _claim, _claimant
+
+    plan = Plan(
+        job="a", config=Config(colocation_group="a+b"), start=T0, predicted_duration_s=1, predicted_energy_j=1,
+        predicted_emissions_g=0, region="GB", forecast_provider="test", reason="test", colocated_with=["b"],
+    )  # fmt: skip
+    context = {"run_id": "claim-test"}
+    assert _claimant(context, plan) is None
+    assert _claim(context, plan, "train_b") == "train_b"
+    assert _claim(context, plan, "train_a") == "train_b"  # too late: follows
+    assert _claim(context, plan, "train_b") == "train_b"  # a retry of the launcher launches again
+    assert _claimant(context, plan) == "train_b"
