@@ -127,6 +127,20 @@ def test_a_colocated_pair_is_launched_once_and_both_runs_are_logged() -> None:
     assert followed["outcome"]["tracking"]["run_id"] == runs[0].info.run_id
 
 
+def test_run_one_after_the_other_as_dags_test_does_the_first_task_launches_and_the_second_returns_at_once() -> None:
+    jobs = {"seq-a": _job(DIGITS_CNN, "seq-a"), "seq-b": _job(DIGITS_CNN_WIDE_BATCH, "seq-b")}
+    pair = PairProfile("seq-a", "seq-b", 0.95, 0.9, 240.0, label="simulated", power_limit_w=250)
+    night, xcoms = _night(jobs, pair)
+    assert night["plans"]["seq-b"]["colocated_with"] == ["seq-a"]
+    context = {"ti": _Ti(xcoms), "run_id": "sequential-test"}
+    # The second job by name runs first (dags test runs triggers inline: waiting on a partner that has
+    # not started would never end).
+    first = _trainer("seq-b", jobs["seq-b"]).execute(context)
+    second = _trainer("seq-a", jobs["seq-a"]).execute(context)
+    assert first["result"]["job"] == "seq-b" and second["result"]["job"] == "seq-a"
+    assert any("co-located with seq-b" in n for n in second["result"]["notes"])
+
+
 def test_a_member_whose_launcher_reported_a_failure_fails_with_the_reason(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json
 
