@@ -93,8 +93,8 @@ def test_min_kept_speed_is_where_the_bound_is_just_met(solo, speeds, bounds) -> 
             assert (tl.total_a_s, tl.total_b_s)[job] / solo[job] - 1 > bounds[job]
 
 
-def _member(job: dict, **kw) -> SharedMember:  # type: ignore[no-untyped-def]
-    spec = JobSpec.model_validate({**job, "epochs": 1})
+def _member(job: dict, epochs: int = 1, **kw) -> SharedMember:  # type: ignore[no-untyped-def]
+    spec = JobSpec.model_validate({**job, "epochs": epochs})
     plan = Plan(
         job=spec.name, config=Config(containers=1, power_limit_w=200, colocation_group="pair"), start=utcnow(),
         predicted_duration_s=1, predicted_energy_j=1, predicted_emissions_g=0, region="GB", forecast_provider="test",
@@ -133,7 +133,8 @@ def test_early_observation_separates_a_pair_that_breaks_its_bound(tmp_path: Path
     # The first job is promised 10^9 samples/s alone and may not drop below 0.9 of it: the check must fire.
     members = [
         _member(DIGITS_CNN, solo_throughput_samples_per_s=1e9, solo_power_w=200.0, min_kept_speed=0.9),
-        _member(DIGITS_CNN_WIDE_BATCH, solo_throughput_samples_per_s=5000.0, solo_power_w=150.0),
+        # enough work that the second job is still running when the check comes, whichever starts first
+        _member(DIGITS_CNN_WIDE_BATCH, epochs=20, solo_throughput_samples_per_s=5000.0, solo_power_w=150.0),
     ]
     request = SharedRequest(members=members, power_limit_w=200, warmup_steps=2, observe_steps=5)
     run = LocalBackend(tmp_path).execute_shared(request, run_name="separate")

@@ -106,7 +106,7 @@ def test_a_colocated_pair_is_launched_once_and_both_runs_are_logged() -> None:
     follower = threading.Thread(target=follow)
     follower.start()
     leader = _trainer("pair-a", jobs["pair-a"]).execute(context)
-    follower.join(timeout=120)
+    follower.join(timeout=900)
     assert not follower.is_alive()
     assert "error" not in followed, followed.get("error")
 
