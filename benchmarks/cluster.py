@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from carbonflow.energy.simulated import SHARED_POWER_FACTOR
 from carbonflow.simulation import (
     GAVEL_TO_ZEUS,
     ClusterSpec,
@@ -202,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=None, help="cluster size (default: calibrated to Philly's queueing)")
     ap.add_argument("--max-slowdown", type=float, default=0.10, help="allowed run-time slowdown per job (fraction)")
     ap.add_argument("--slack-h", type=float, default=8.0, help="finish-by slack beyond the allowed run time (h)")
-    ap.add_argument("--shared-power-factor", type=float, default=1.2, help="shared GPU power / higher solo power")
+    ap.add_argument(
+        "--shared-power-factor", type=float, default=SHARED_POWER_FACTOR, help="shared GPU power / higher solo power"
+    )
     ap.add_argument("--objective", default="energy", help="planner objective for power limits and pairing")
     ap.add_argument("--seed", type=int, default=0, help="seed of the family -> job type draw")
     ap.add_argument(

@@ -214,48 +214,31 @@ class ZeusPowerModel:
         return f"{self.dataset}/{self.network}/b{self.batch_size}/{self.optimizer}"
 
 
-class SimulatedGpu(Device):
-    """A GPU whose power and speed per limit replay Zeus's measurements. Labelled ``simulated``.
+class _ClockedGpu(Device):
+    """A simulated GPU whose energy counter integrates :meth:`_power_locked` over its clock.
 
-    Its power limit lives in the process that owns it (the ``carbonflow run`` wrapper).
-    While busy, the energy counter advances at the trace's average power for the current limit;
-    idle draw is not in the Zeus data, so an idle simulated GPU accrues nothing (said in notes).
+    Subclasses set ``_constraints_w``, ``_limit_w``, ``_clock`` and say what the device draws now.
     """
 
     kind = "gpu"
     label = "simulated"
     supports_power_limit = True
 
-    def __init__(
-        self,
-        spec: SimulatedGpuSpec,
-        index: int = 0,
-        clock: Callable[[], float] = time.monotonic,
-        busy: bool = True,
-    ) -> None:
+    def __init__(self, clock: Callable[[], float], constraints_w: tuple[float, float]) -> None:
         super().__init__()
-        self.spec = spec
-        self.index = index
-        self.power_model = ZeusPowerModel.from_spec(spec)
         self._clock = clock
         self._lock = threading.Lock()
-        self._limit_w = self.power_model.max_power_w
-        self._busy = busy
+        self._constraints_w = constraints_w
+        self._limit_w = constraints_w[1]
         self._energy_j = 0.0
         self._last_t = clock()
-        key = f"{spec.gpu_model}:{self.power_model.workload_key}:{index}"
-        self.id = f"SIM-GPU-{uuid.uuid5(_SIM_NAMESPACE, key)}"
-        self.model = f"{GPU_NAMES[spec.gpu_model]} (simulated)"
-        self.notes = [
-            f"simulated from Zeus NSDI'23 measurements: {spec.gpu_model} {self.power_model.workload_key}",
-            "idle power is not in the Zeus data: energy accrues only while busy",
-            *self.power_model.notes,
-        ]
+
+    def _power_locked(self) -> float:
+        raise NotImplementedError
 
     def _advance(self) -> float:
         now = self._clock()
-        if self._busy:
-            self._energy_j += (now - self._last_t) * self.power_model.average_power_w(self._limit_w)
+        self._energy_j += (now - self._last_t) * self._power_locked()
         self._last_t = now
         return self._energy_j
 
@@ -265,7 +248,55 @@ class SimulatedGpu(Device):
 
     def power_w(self) -> float:
         with self._lock:
-            return self.power_model.average_power_w(self._limit_w) if self._busy else 0.0
+            return self._power_locked()
+
+    def power_limit_constraints_w(self) -> tuple[float, float]:
+        return self._constraints_w
+
+    def default_power_limit_w(self) -> float:
+        return self._constraints_w[1]
+
+    def power_limit_w(self) -> float:
+        return self._limit_w
+
+    def set_power_limit_w(self, limit_w: float) -> None:
+        self.check_power_limit_w(limit_w)
+        with self._lock:
+            self._advance()
+            self._limit_w = float(limit_w)
+
+
+class SimulatedGpu(_ClockedGpu):
+    """A GPU whose power and speed per limit replay Zeus's measurements. Labelled ``simulated``.
+
+    Its power limit lives in the process that owns it (the ``carbonflow run`` wrapper).
+    While busy, the energy counter advances at the trace's average power for the current limit;
+    idle draw is not in the Zeus data, so an idle simulated GPU accrues nothing (said in notes).
+    """
+
+    def __init__(
+        self,
+        spec: SimulatedGpuSpec,
+        index: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        busy: bool = True,
+    ) -> None:
+        self.power_model = ZeusPowerModel.from_spec(spec)
+        super().__init__(clock, (self.power_model.min_power_limit_w, self.power_model.max_power_w))
+        self.spec = spec
+        self.index = index
+        self._busy = busy
+        key = f"{spec.gpu_model}:{self.power_model.workload_key}:{index}"
+        self.id = f"SIM-GPU-{uuid.uuid5(_SIM_NAMESPACE, key)}"
+        self.model = f"{GPU_NAMES[spec.gpu_model]} (simulated)"
+        self.notes = [
+            f"simulated from Zeus NSDI'23 measurements: {spec.gpu_model} {self.power_model.workload_key}",
+            "idle power is not in the Zeus data: energy accrues only while busy",
+            *self.power_model.notes,
+        ]
+
+    def _power_locked(self) -> float:
+        return self.power_model.average_power_w(self._limit_w) if self._busy else 0.0
 
     def set_busy(self, busy: bool) -> None:
         """Mark the simulated GPU as training (accrues energy) or idle (accrues none)."""
@@ -276,21 +307,6 @@ class SimulatedGpu(Device):
     @property
     def busy(self) -> bool:
         return self._busy
-
-    def power_limit_constraints_w(self) -> tuple[float, float]:
-        return (self.power_model.min_power_limit_w, self.power_model.max_power_w)
-
-    def default_power_limit_w(self) -> float:
-        return self.power_model.max_power_w
-
-    def power_limit_w(self) -> float:
-        return self._limit_w
-
-    def set_power_limit_w(self, limit_w: float) -> None:
-        self.check_power_limit_w(limit_w)
-        with self._lock:
-            self._advance()
-            self._limit_w = float(limit_w)
 
     def slowdown_factor(self) -> float:
         """How much slower the workload runs at the current limit than at the maximum (>= 1 typically)."""
@@ -317,6 +333,13 @@ def slowdown_from_env(environ: dict[str, str] | None = None) -> float:
 SHARED_POWER_FACTOR = 1.2
 """Simulator assumption: a GPU time-sliced by two jobs draws this × the higher solo power, capped at its
 limit (Zeus measured jobs alone only). carbonflow.simulation's cluster replay makes the same assumption."""
+
+
+def shared_gpu_power_w(
+    power_a_w: float, power_b_w: float, limit_w: float, factor: float = SHARED_POWER_FACTOR
+) -> float:
+    """Power of a simulated GPU running two jobs whose solo powers are ``power_a_w`` and ``power_b_w``."""
+    return min(limit_w, factor * max(power_a_w, power_b_w))
 
 
 GAVEL_PAIRS_CSV = ("simulation", "data", "gavel_pairs_v100.csv")
@@ -346,7 +369,7 @@ def pair_kept_speeds(type_a: str, type_b: str) -> tuple[float, float]:
     return pairs[(type_a, type_b)], pairs[(type_b, type_a)]
 
 
-class SimulatedSharedGpu(Device):
+class SimulatedSharedGpu(_ClockedGpu):
     """One simulated GPU time-sliced by two jobs (labelled ``simulated``).
 
     Each job's speed and power per limit replay its own Zeus workload; while both work, each keeps
@@ -355,14 +378,9 @@ class SimulatedSharedGpu(Device):
     limit. While one works it draws that job's solo power; while none works, nothing.
     """
 
-    kind = "gpu"
-    label = "simulated"
-    supports_power_limit = True
-
     def __init__(
         self, specs: list[SimulatedGpuSpec], index: int = 0, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        super().__init__()
         if len(specs) != 2:
             raise EnergyError(f"a simulated shared GPU holds exactly 2 jobs; got {len(specs)}")
         if len({s.gpu_model for s in specs}) != 1:
@@ -376,16 +394,11 @@ class SimulatedSharedGpu(Device):
         self.specs = specs
         self.models = [ZeusPowerModel.from_spec(s) for s in specs]
         self.kept_speeds = pair_kept_speeds(specs[0].pair_type or "", specs[1].pair_type or "")
-        self.index = index
-        self._clock = clock
-        self._lock = threading.Lock()
         low = max(m.min_power_limit_w for m in self.models)
         high = min(m.max_power_w for m in self.models)
-        self._constraints_w = (low, high)
-        self._limit_w = high
+        super().__init__(clock, (low, high))
+        self.index = index
         self._active = [False, False]
-        self._energy_j = 0.0
-        self._last_t = clock()
         key = f"{specs[0].gpu_model}:shared:{index}:" + "+".join(m.workload_key for m in self.models)
         self.id = f"SIM-GPU-{uuid.uuid5(_SIM_NAMESPACE, key)}"
         self.model = f"{GPU_NAMES[specs[0].gpu_model]} (simulated)"
@@ -399,22 +412,8 @@ class SimulatedSharedGpu(Device):
     def _power_locked(self) -> float:
         solo = [m.average_power_w(self._limit_w) for m, on in zip(self.models, self._active, strict=True) if on]
         if len(solo) == 2:
-            return min(self._limit_w, SHARED_POWER_FACTOR * max(solo))
+            return shared_gpu_power_w(solo[0], solo[1], self._limit_w)
         return solo[0] if solo else 0.0
-
-    def _advance(self) -> float:
-        now = self._clock()
-        self._energy_j += (now - self._last_t) * self._power_locked()
-        self._last_t = now
-        return self._energy_j
-
-    def energy_j(self) -> float:
-        with self._lock:
-            return self._advance()
-
-    def power_w(self) -> float:
-        with self._lock:
-            return self._power_locked()
 
     def set_active(self, member: int, active: bool) -> None:
         """Mark job ``member`` (0 or 1) as working on the GPU or not."""
@@ -427,21 +426,6 @@ class SimulatedSharedGpu(Device):
         with self._lock:
             self._advance()
             self._active = [busy, busy]
-
-    def power_limit_constraints_w(self) -> tuple[float, float]:
-        return self._constraints_w
-
-    def default_power_limit_w(self) -> float:
-        return self._constraints_w[1]
-
-    def power_limit_w(self) -> float:
-        return self._limit_w
-
-    def set_power_limit_w(self, limit_w: float) -> None:
-        self.check_power_limit_w(limit_w)
-        with self._lock:
-            self._advance()
-            self._limit_w = float(limit_w)
 
     def member_slowdown_factor(self, member: int) -> float:
         """How much slower job ``member`` runs than alone at the maximum limit (power limit × sharing)."""

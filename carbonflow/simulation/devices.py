@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from carbonflow.energy.simulated import ZeusPowerModel
+from carbonflow.energy.simulated import SHARED_POWER_FACTOR, ZeusPowerModel, shared_gpu_power_w
 from carbonflow.simulation.interference import PairTable
 
 
@@ -28,7 +28,9 @@ class DeviceModel:
     _cache: dict[tuple[int, float], tuple[float, float]] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def for_pairs(cls, pairs: PairTable, gpu_model: str = "V100", shared_power_factor: float = 1.2) -> DeviceModel:
+    def for_pairs(
+        cls, pairs: PairTable, gpu_model: str = "V100", shared_power_factor: float = SHARED_POWER_FACTOR
+    ) -> DeviceModel:
         if not 1.0 <= shared_power_factor <= 2.0:
             raise ValueError(
                 f"shared_power_factor={shared_power_factor} is not allowed; it must be between 1.0 "
@@ -65,4 +67,4 @@ class DeviceModel:
 
     def shared_power_w(self, power_a_w: float, power_b_w: float, limit_w: float) -> float:
         """Power of a GPU running two jobs whose solo powers are ``power_a_w`` and ``power_b_w``."""
-        return min(limit_w, self.shared_power_factor * max(power_a_w, power_b_w))
+        return shared_gpu_power_w(power_a_w, power_b_w, limit_w, self.shared_power_factor)

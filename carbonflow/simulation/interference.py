@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from carbonflow.energy.simulated import GAVEL_PAIRS_CSV
+
 # Gavel model -> the Zeus-measured workload whose power/speed-vs-power-limit curve stands in for it.
 # Zeus measured six workloads; each Gavel model maps to the one closest in architecture and task.
 # This is an assumption of the simulator and is printed next to its results.
@@ -65,8 +67,7 @@ class PairTable:
 def load_pair_table(path: str | Path | None = None, gpu: str = "v100") -> PairTable:
     """Read the flattened Gavel pair CSV (default: the V100 table shipped with carbonflow)."""
     if path is None:
-        ref = resources.files("carbonflow.simulation") / "data" / "gavel_pairs_v100.csv"
-        text = ref.read_text()
+        text = resources.files("carbonflow").joinpath(*GAVEL_PAIRS_CSV).read_text()
         source = "carbonflow/simulation/data/gavel_pairs_v100.csv (Gavel, MIT)"
     else:
         p = Path(path)
