@@ -30,9 +30,16 @@ from pydantic import BaseModel, Field
 
 from carbonflow.energy.monitor import EnergyMonitor, Measurement, PowerSampler
 from carbonflow.energy.power_limit import applied_power_limit
-from carbonflow.execution.wrapper import POLL_S, RESULT_LINE_PREFIX, Terminated, WrappedRun, _Progress, _stop_child
+from carbonflow.execution.wrapper import (
+    POLL_S,
+    RESULT_LINE_PREFIX,
+    Terminated,
+    WrappedRun,
+    _Progress,
+    _stop_child,
+    training_env,
+)
 from carbonflow.models import JobSpec, Plan, utcnow
-from carbonflow.training import MAX_STEPS_ENV, OUTPUT_DIR_ENV, PROGRESS_FILE_ENV, SIM_SLOWDOWN_FILE_ENV, STOP_FILE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -156,17 +163,20 @@ def run_shared(request: SharedRequest, *, result_path: Path | None = None) -> Sh
     def active_set() -> tuple[int, ...]:
         return tuple(m.index for m in members if m.active)
 
-    def new_phase(previous: tuple[int, ...]) -> None:
-        phases.append((previous, monitor.end_window("phase")))
-        monitor.begin_window("phase")
+    def tell_simulated_gpu() -> None:
+        """Who works now, and so how much slower each training must run (simulated GPU only)."""
         if simulated:
             for m in members:
                 gpu.set_active(m.index, m.active)
             for m in members:
                 m.slowdown_file.write_text(f"{gpu.member_slowdown_factor(m.index):.6f}", encoding="utf-8")
 
+    def new_phase(previous: tuple[int, ...]) -> None:
+        phases.append((previous, monitor.end_window("phase")))
+        monitor.begin_window("phase")
+        tell_simulated_gpu()
+
     previous_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    started_at = utcnow()
     applied = True
     try:
         with applied_power_limit([gpu], request.power_limit_w) as outcome:
@@ -178,9 +188,8 @@ def run_shared(request: SharedRequest, *, result_path: Path | None = None) -> Sh
             monitor.begin_window("run")
             monitor.begin_window("phase")
             try:
+                tell_simulated_gpu()
                 for m in members:
-                    if simulated:
-                        m.slowdown_file.write_text(f"{gpu.member_slowdown_factor(m.index):.6f}", encoding="utf-8")
                     m.child = subprocess.Popen(m.spec.command, env=_member_env(m, request, simulated),
                                                start_new_session=True)  # fmt: skip
                     m.start_s, m.started_at = time.monotonic(), utcnow()
@@ -224,7 +233,7 @@ def run_shared(request: SharedRequest, *, result_path: Path | None = None) -> Sh
     finally:
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
-    run = _account(request, members, phases, total, devices, gpu, applied, notes, started_at)
+    run = _account(request, members, phases, total, devices, gpu, applied, notes)
     if result_path is not None:
         result_path.parent.mkdir(parents=True, exist_ok=True)
         result_path.write_text(run.model_dump_json(indent=2), encoding="utf-8")
@@ -235,17 +244,11 @@ def run_shared(request: SharedRequest, *, result_path: Path | None = None) -> Sh
 
 
 def _member_env(m: _Member, request: SharedRequest, simulated: bool) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(m.spec.job.env)
-    env[PROGRESS_FILE_ENV] = str(m.progress.path)
-    env[OUTPUT_DIR_ENV] = str(m.output_dir)
-    env[STOP_FILE_ENV] = str(m.stop_file)
-    env.pop(MAX_STEPS_ENV, None)
-    if request.profile_steps is not None:  # a safety cap; the stop file normally ends a pair profile
-        env[MAX_STEPS_ENV] = str(20 * (request.warmup_steps + request.profile_steps) + 100)
-    if simulated:
-        env[SIM_SLOWDOWN_FILE_ENV] = str(m.slowdown_file)
-    return env
+    # In a pair profile a safety cap; the stop file normally ends it.
+    cap = 20 * (request.warmup_steps + request.profile_steps) + 100 if request.profile_steps is not None else None
+    return training_env(
+        m.spec.job, m.progress.path, m.output_dir, m.stop_file, cap, m.slowdown_file if simulated else None
+    )
 
 
 def _open_together(members: list[_Member], request: SharedRequest) -> None:
@@ -311,7 +314,6 @@ def _account(
     gpu: Any,
     applied: bool,
     notes: list[str],
-    started_at: Any,
 ) -> SharedRun:
     """Charge each phase's energy to the jobs working in it (split by P_i × s_i while both work)."""
     from carbonflow.energy.accounting import SoloProfile, device_energies, shared_gpu_shares

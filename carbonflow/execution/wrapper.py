@@ -155,6 +155,28 @@ class _Sweep:
         return len(self.limits_w) * (self.warmup_steps + self.profile_steps + 10) + 2 * self.warmup_steps
 
 
+def training_env(
+    spec: JobSpec,
+    progress_file: Path,
+    output_dir: Path,
+    stop_file: Path,
+    max_steps: int | None,
+    slowdown_file: Path | None,
+) -> dict[str, str]:
+    """The training child's environment: the job's own variables plus the training contract's files."""
+    env = dict(os.environ)
+    env.update(spec.env)
+    env[PROGRESS_FILE_ENV] = str(progress_file)
+    env[OUTPUT_DIR_ENV] = str(output_dir)
+    env[STOP_FILE_ENV] = str(stop_file)
+    env.pop(MAX_STEPS_ENV, None)
+    if max_steps is not None:
+        env[MAX_STEPS_ENV] = str(max_steps)
+    if slowdown_file is not None:
+        env[SIM_SLOWDOWN_FILE_ENV] = str(slowdown_file)
+    return env
+
+
 def _set_busy(gpus: list[Any], busy: bool) -> bool:
     """Mark simulated GPUs busy or idle (real GPUs measure themselves); returns ``busy``."""
     for gpu in gpus:
@@ -217,16 +239,9 @@ def run_wrapped(
     if profile_steps is not None:
         limits: list[float | None] = list(sweep_limits_w) if sweep_limits_w else [plan.config.power_limit_w]
         sweep = _Sweep(limits, warmup_steps, profile_steps, stop_below_fraction)
-    env = dict(os.environ)
-    env.update(spec.env)
-    env[PROGRESS_FILE_ENV] = str(progress.path)
-    env[OUTPUT_DIR_ENV] = str(out_dir)
-    env[STOP_FILE_ENV] = str(stop_file)
-    env.pop(MAX_STEPS_ENV, None)
-    if sweep is not None:
-        env[MAX_STEPS_ENV] = str(sweep.total_steps())
-    if slowdown_file is not None:
-        env[SIM_SLOWDOWN_FILE_ENV] = str(slowdown_file)
+    env = training_env(
+        spec, progress.path, out_dir, stop_file, sweep.total_steps() if sweep is not None else None, slowdown_file
+    )
 
     received: list[int] = []
 

@@ -146,3 +146,14 @@ def operator_clock(source: CarbonSource, region: str, replay_start: str | None) 
 def group_result_path(run_id: str, group: str, job: str) -> Path:
     """Where the launcher of a co-located pair leaves each member's outcome for the member's own task."""
     return home() / "runs" / safe_name(run_id) / "groups" / safe_name(group) / f"{job}.json"
+
+
+def planning_history(jobs: list[str], tracking_uri: str | None, task_log: logging.Logger) -> Any:
+    """The planner's history of ``jobs`` from MLflow, or None (with a warning) when tracking is down."""
+    try:
+        from carbonflow.tracking.history import job_history
+
+        return job_history(jobs, tracking_uri=tracking_uri)
+    except Exception as err:  # tracking down: plan from the profiles alone
+        task_log.warning("MLflow history unavailable (%s); planning from the profiles alone", err)
+        return None

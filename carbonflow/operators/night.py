@@ -19,7 +19,15 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from carbonflow.models import JobSpec, Profile, utcnow
-from carbonflow.operators.common import carbon_source, home, make_backend, operator_clock, parse_job, safe_name
+from carbonflow.operators.common import (
+    carbon_source,
+    home,
+    make_backend,
+    operator_clock,
+    parse_job,
+    planning_history,
+    safe_name,
+)
 
 
 def _jobs(jobs: Mapping[str, Any]) -> list[JobSpec]:
@@ -39,16 +47,6 @@ def _profiles(context: Any, profile_task_ids: Mapping[str, str], specs: Sequence
             raise ValueError(f"no profile in XCom of task {task_id!r} (job {spec.name})")
         out[spec.name] = Profile.model_validate(raw)
     return out
-
-
-def _history(names: list[str], tracking_uri: str | None, log: Any) -> Any:
-    try:
-        from carbonflow.tracking.history import job_history
-
-        return job_history(names, tracking_uri=tracking_uri)
-    except Exception as err:  # tracking down: plan from profiles alone
-        log.warning("MLflow history unavailable (%s); planning from profiles alone", err)
-        return None
 
 
 def can_share(a: JobSpec, b: JobSpec) -> str | None:
@@ -104,7 +102,7 @@ class PairProfileOperator(BaseOperator):
 
         specs = _jobs(self.jobs)
         profiles = _profiles(context, self.profile_task_ids, specs)
-        history = _history([s.name for s in specs], self.tracking_uri, self.log)
+        history = planning_history([s.name for s in specs], self.tracking_uri, self.log)
         run_id = str(context["run_id"]) if context and "run_id" in context else utcnow().strftime("%Y%m%dT%H%M%S")
         pairs: list[dict[str, Any]] = []
         for a, b in itertools.combinations(specs, 2):
@@ -199,7 +197,7 @@ class NightPlanOperator(BaseOperator):
             forecasts[region] = source.forecast(region, now, until)  # type: ignore[arg-type]
         raw_pairs = context["ti"].xcom_pull(task_ids=self.pair_profile_task_id) if self.pair_profile_task_id else None
         pair_profiles = [PairProfile(**p) for p in raw_pairs or []]
-        history = _history([s.name for s in specs], self.tracking_uri, self.log)
+        history = planning_history([s.name for s in specs], self.tracking_uri, self.log)
         plans = plan_night(specs, profiles, forecasts, now, pair_profiles=pair_profiles, history=history)
         by_name = {s.name: s for s in specs}
         guards: dict[str, float] = {}

@@ -27,6 +27,7 @@ from carbonflow.operators.common import (
     make_backend,
     operator_clock,
     parse_job,
+    planning_history,
     safe_name,
 )
 from carbonflow.operators.triggers import CarbonWindowTrigger, GroupResultTrigger, OperatorClock
@@ -142,13 +143,7 @@ class CarbonAwareTrainingOperator(BaseOperator):
         return operator_clock(source, region, self.replay_start)
 
     def _history(self, spec: JobSpec) -> Any:
-        try:
-            from carbonflow.tracking.history import job_history
-
-            return job_history([spec.name], tracking_uri=self.tracking_uri)
-        except Exception as err:  # tracking down: plan from the profile alone
-            self.log.warning("MLflow history unavailable (%s); planning from the profile alone", err)
-            return None
+        return planning_history([spec.name], self.tracking_uri, self.log)
 
     def _plan(self, spec: JobSpec, profile: Profile, forecast: Forecast | None, now: datetime) -> Plan:
         from carbonflow.planning.optimizer import plan_job
@@ -354,8 +349,8 @@ class CarbonAwareTrainingOperator(BaseOperator):
         self, context: Any, state: dict[str, Any], clock: OperatorClock, source: CarbonSource
     ) -> dict[str, Any]:
         """Run this job and its partner on one GPU, account and log both, leave the partner's outcome for its task."""
-        from carbonflow.execution.shared import SEPARATED_EXIT_CODE, SharedMember, SharedRequest
-        from carbonflow.planning.optimizer import default_point
+        from carbonflow.execution.shared import SEPARATED_EXIT_CODE, SharedRequest
+        from carbonflow.profiling.profiler import pair_member
 
         partner = state["partner"]
         specs = [JobSpec.model_validate(state["job"]), JobSpec.model_validate(partner["job"])]
@@ -365,16 +360,7 @@ class CarbonAwareTrainingOperator(BaseOperator):
         group = plans[0].config.colocation_group or "+".join(s.name for s in specs)
         partner_path = group_result_path(_run_id(context), group, specs[1].name)
         try:
-            members = []
-            for spec, plan, profile, guard in zip(specs, plans, profiles, guards, strict=True):
-                point = default_point(spec, profile.points, profile)
-                members.append(
-                    SharedMember(
-                        job=spec, plan=plan, command=["(filled in by the backend)"], min_kept_speed=guard,
-                        solo_throughput_samples_per_s=point.throughput_samples_per_s,
-                        solo_power_w=sum(point.power_per_device_w.values()) or None,
-                    )
-                )  # fmt: skip
+            members = [pair_member(*job) for job in zip(specs, plans, profiles, guards, strict=True)]
             limits = [p.config.power_limit_w for p in plans if p.config.power_limit_w is not None]
             request = SharedRequest(members=members, power_limit_w=min(limits) if limits else None)
             workdir = home() / "runs" / safe_name(_run_id(context)) / safe_name(group)
@@ -529,7 +515,9 @@ def _claim_path(context: Any, plan: Plan) -> Path:
 def _claimant(context: Any, plan: Plan) -> str | None:
     """The task that claimed the launch of this co-located pair in this DAG run, if any."""
     path = _claim_path(context, plan)
-    return path.read_text(encoding="utf-8").strip() or None if path.exists() else None
+    if not path.exists():
+        return None
+    return path.read_text(encoding="utf-8").strip() or None
 
 
 def _claim(context: Any, plan: Plan, task_id: str) -> str:

@@ -149,6 +149,18 @@ def profile_job(
     )
 
 
+def pair_member(spec: JobSpec, plan: Plan, profile: Profile, min_kept_speed: float | None = None) -> SharedMember:
+    """One job of a co-located pair, with its solo speed and power at its reference configuration (its profile)."""
+    from carbonflow.planning.optimizer import default_point
+
+    point = default_point(spec, profile.points, profile)
+    return SharedMember(
+        job=spec, plan=plan, command=["(filled in by the backend)"], min_kept_speed=min_kept_speed,
+        solo_throughput_samples_per_s=point.throughput_samples_per_s,
+        solo_power_w=sum(point.power_per_device_w.values()) or None,
+    )  # fmt: skip
+
+
 class SharedExecutor(Protocol):
     def execute_shared(self, request: SharedRequest, *, run_name: str, trace: bool) -> SharedRun: ...
 
@@ -183,12 +195,7 @@ def profile_pair(
             start=utcnow(), predicted_duration_s=0, predicted_energy_j=0, predicted_emissions_g=0, region=spec.region,
             forecast_provider="none (pair profiling)", reason="pair profiling",
         )  # fmt: skip
-        member = SharedMember(
-            job=spec, plan=plan, command=["(filled in by the backend)"],
-            solo_throughput_samples_per_s=point.throughput_samples_per_s,
-            solo_power_w=sum(point.power_per_device_w.values()) or None,
-        )  # fmt: skip
-        members.append(member)
+        members.append(pair_member(spec, plan, profile))
     limit_w = min((w for w in limits if w is not None), default=None)
     steps = profile_steps or min(spec_a.profile_steps, spec_b.profile_steps)
     warmup = max(spec_a.profile_warmup_steps, spec_b.profile_warmup_steps)
