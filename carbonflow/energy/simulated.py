@@ -357,13 +357,18 @@ def _gavel_pairs() -> dict[tuple[str, str], float]:
     }
 
 
+def check_pair_type(job_type: str) -> None:
+    """Raise naming the value and the allowed Gavel V100 job types unless ``job_type`` is one."""
+    known = sorted({a for a, _ in _gavel_pairs()})
+    if job_type not in known:
+        raise EnergyError(f"simulated_gpu.pair_type={job_type!r} is not a Gavel V100 job type; allowed: {known}")
+
+
 def pair_kept_speeds(type_a: str, type_b: str) -> tuple[float, float]:
     """Fractions of solo speed two Gavel job types keep while sharing one V100 (Gavel's measurements)."""
     pairs = _gavel_pairs()
-    known = sorted({a for a, _ in pairs})
     for job_type in (type_a, type_b):
-        if job_type not in known:
-            raise EnergyError(f"pair_type={job_type!r} is not a Gavel V100 job type; allowed: {known}")
+        check_pair_type(job_type)
     if (type_a, type_b) not in pairs or (type_b, type_a) not in pairs:
         raise EnergyError(f"pair_type {type_a!r} with {type_b!r}: Gavel could not run this pair on one V100")
     return pairs[(type_a, type_b)], pairs[(type_b, type_a)]

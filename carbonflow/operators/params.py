@@ -49,6 +49,14 @@ def validate_job(job: JobSpec | dict[str, Any] | str, *, now: datetime | None = 
     _check_region(spec.region)
     if spec.power_limit_w is not None or spec.power_limits_w:
         _check_power_limits(spec)
+    if spec.simulated_gpu is not None and spec.simulated_gpu.pair_type is not None:
+        from carbonflow.energy.errors import EnergyError
+        from carbonflow.energy.simulated import check_pair_type
+
+        try:
+            check_pair_type(spec.simulated_gpu.pair_type)
+        except EnergyError as err:
+            raise RequestError(str(err)) from None
     return spec
 
 

@@ -69,3 +69,12 @@ def test_bad_params_stop_the_dag_before_any_work(dag_bag) -> None:
     states = {ti.task_id: ti.state for ti in run.get_task_instances()}
     assert states["validate"] == "failed"
     assert all(state in ("upstream_failed", None) for task, state in states.items() if task != "validate")
+
+
+def test_an_unknown_pair_type_is_refused_before_any_work() -> None:
+    job = {**JOB, "simulated_gpu": {**JOB["simulated_gpu"], "pair_type": "ResNet-19"}}
+    with pytest.raises(
+        RequestError, match=r"simulated_gpu.pair_type='ResNet-19'.*allowed: \[.*'ResNet-18 \(batch size 64\)'"
+    ):
+        validate_job(job)
+    validate_job({**JOB, "simulated_gpu": {**JOB["simulated_gpu"], "pair_type": "ResNet-18 (batch size 64)"}})
