@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from carbonflow.contract import check_job_env
+
 SignalKind = Literal["average-direct", "average-lifecycle", "marginal"]
 """What a carbon-intensity number means; never mix kinds in one comparison."""
 
@@ -126,6 +128,12 @@ class JobSpec(_Model):
     @classmethod
     def _objective(cls, v: str) -> str:
         parse_objective(v)
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        check_job_env(v)
         return v
 
     @field_validator("epochs", "steps")

@@ -27,12 +27,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-PROGRESS_FILE_ENV = "CARBONFLOW_PROGRESS_FILE"
-MAX_STEPS_ENV = "CARBONFLOW_MAX_STEPS"
-SIM_SLOWDOWN_ENV = "CARBONFLOW_SIM_SLOWDOWN"
-SIM_SLOWDOWN_FILE_ENV = "CARBONFLOW_SIM_SLOWDOWN_FILE"
-STOP_FILE_ENV = "CARBONFLOW_STOP_FILE"
-OUTPUT_DIR_ENV = "CARBONFLOW_OUTPUT_DIR"
+from carbonflow.contract import (
+    MAX_STEPS_ENV,
+    OUTPUT_DIR_ENV,
+    PROGRESS_FILE_ENV,
+    SIM_SLOWDOWN_ENV,
+    SIM_SLOWDOWN_FILE_ENV,
+    STOP_FILE_ENV,
+)
+
+__all__ = [
+    "MAX_STEPS_ENV",
+    "OUTPUT_DIR_ENV",
+    "PROGRESS_FILE_ENV",
+    "SIM_SLOWDOWN_ENV",
+    "SIM_SLOWDOWN_FILE_ENV",
+    "STOP_FILE_ENV",
+    "output_dir",
+    "profiling",
+    "report",
+    "reset",
+    "should_stop",
+]
 
 
 class _Reporter:

@@ -1,0 +1,127 @@
+"""The backend contract: how a plan is run, whatever runs it (local processes, Kubernetes pods).
+
+Every backend takes the same requests and gives the same results, and can be waited on without
+blocking a caller that must not block (an Airflow task that defers while pods train):
+
+* :meth:`Backend.start` launches a run and returns a :class:`RunHandle` at once. The handle is a
+  small pydantic model: it serialises to JSON (XCom, a trigger's kwargs) and another process, on
+  another host, can rebuild it and :meth:`~Backend.poll`, :meth:`~Backend.collect` or
+  :meth:`~Backend.cancel` the run through a backend built from the same settings.
+* :meth:`Backend.poll` says, without waiting, whether the run is still going.
+* :meth:`Backend.collect` returns what the finished run measured: a :class:`WrappedRun` for one job,
+  a :class:`SharedRun` for a co-located pair. It raises :class:`ExecutionError` (or a subclass) when
+  the run produced no result.
+* :meth:`Backend.cancel` stops a run; the wrapper restores power limits on the way out.
+
+:func:`run_to_completion` is the blocking form (start → wait → collect) for callers that may block,
+such as a local training task that owns its worker's GPUs for the run's whole length.
+``supports_deferral`` says whether a run survives its caller's process: a local run is a child of the
+worker that started it (it is waited on there), a Kubernetes pod is not (its task can defer).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from carbonflow.execution.errors import RunTimedOut
+from carbonflow.execution.shared import SharedRequest, SharedRun
+from carbonflow.execution.wrapper import WrappedRun
+from carbonflow.models import JobSpec, Plan, UtcDatetime, utcnow
+
+HANDLE_FORMAT_VERSION = 1
+
+
+class RunOptions(BaseModel):
+    """How to run one job (beyond its plan): profile mode, tracing, a time limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_name: str = "train"
+    profile_steps: int | None = Field(default=None, gt=0, description="profile mode: measure this many steps")
+    warmup_steps: int = Field(default=0, ge=0)
+    sweep_limits_w: list[float] | None = Field(default=None, description="profile mode: limits to sweep")
+    stop_below_fraction: float | None = Field(default=None, ge=0, le=1)
+    trace: bool = True
+    timeout_s: float | None = Field(default=None, gt=0)
+
+
+class RunHandle(BaseModel):
+    """A started run, as JSON: enough for another process to poll, collect or cancel it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format_version: int = HANDLE_FORMAT_VERSION
+    backend: str = Field(description="the backend's name: local or kubernetes")
+    run_id: str = Field(description="unique per start (a retry gets a new one)")
+    kind: Literal["solo", "shared"] = "solo"
+    jobs: list[str] = Field(description="the job(s) this run trains")
+    started_at: UtcDatetime = Field(default_factory=utcnow)
+    details: dict[str, str] = Field(default_factory=dict, description="backend-specific: run dir, pid, pod names…")
+
+
+class RunStatus(BaseModel):
+    """What :meth:`Backend.poll` found."""
+
+    state: Literal["pending", "running", "finished"]
+    message: str = ""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What every execution backend provides (see the module docstring)."""
+
+    name: str
+    supports_deferral: bool
+    supports_shared: bool
+
+    def start(self, spec: JobSpec, plan: Plan, options: RunOptions) -> RunHandle: ...
+
+    def start_shared(self, request: SharedRequest, options: RunOptions) -> RunHandle: ...
+
+    def poll(self, handle: RunHandle) -> RunStatus: ...
+
+    def collect(self, handle: RunHandle) -> WrappedRun | SharedRun: ...
+
+    def cancel(self, handle: RunHandle) -> None: ...
+
+
+def wait(backend: Backend, handle: RunHandle, *, timeout_s: float | None = None, poll_s: float = 0.5) -> RunStatus:
+    """Block until the run finished (cancelling it at ``timeout_s``: RunTimedOut)."""
+    started = time.monotonic()
+    while (status := backend.poll(handle)).state != "finished":
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            backend.cancel(handle)
+            raise RunTimedOut(
+                f"run {handle.run_id} of {'+'.join(handle.jobs)} exceeded its time limit of {timeout_s:g} s"
+            )
+        time.sleep(poll_s)
+    return status
+
+
+def run_to_completion(backend: Backend, spec: JobSpec, plan: Plan, options: RunOptions | None = None) -> WrappedRun:
+    """Start one job, wait for it, return what it measured (the blocking form of the contract)."""
+    options = options or RunOptions()
+    handle = backend.start(spec, plan, options)
+    wait(backend, handle, timeout_s=options.timeout_s)
+    run = backend.collect(handle)
+    assert isinstance(run, WrappedRun)
+    return run
+
+
+def run_shared_to_completion(backend: Backend, request: SharedRequest, options: RunOptions | None = None) -> SharedRun:
+    """Start a co-located pair, wait for it, return what it measured."""
+    options = options or RunOptions(run_name="shared")
+    handle = backend.start_shared(request, options)
+    wait(backend, handle, timeout_s=options.timeout_s)
+    run = backend.collect(handle)
+    assert isinstance(run, SharedRun)
+    return run
+
+
+def handle_age_s(handle: RunHandle, now: datetime | None = None) -> float:
+    """Seconds since the run started."""
+    return ((now or utcnow()) - handle.started_at).total_seconds()

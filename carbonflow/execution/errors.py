@@ -1,0 +1,23 @@
+"""One error family for everything that runs a plan: ``except ExecutionError`` catches any backend's failure."""
+
+from __future__ import annotations
+
+
+class ExecutionError(RuntimeError):
+    """A run could not be started, did not produce a result, or could not be stopped cleanly."""
+
+
+class RunFailed(ExecutionError):
+    """The wrapper (local process or pod) ended without a result; the message names the run and its log tail."""
+
+
+class RunTimedOut(ExecutionError):
+    """A run exceeded its time limit and was cancelled (power limits restored)."""
+
+
+class GpuUnavailable(ExecutionError):
+    """No GPU could be leased for the run: every GPU it may use is held by another run (the message says which)."""
+
+
+class PowerLimitNotRestored(ExecutionError):
+    """A run ended but a GPU's power limit could not be put back; its journal is kept for ``carbonflow restore``."""
