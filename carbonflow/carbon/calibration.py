@@ -20,8 +20,10 @@ import pandas as pd
 
 DATA_DIR = Path(__file__).parent / "data"
 CALIBRATION_PATH = DATA_DIR / "error_calibration.json"
-NESO_FW48H = DATA_DIR / "uk-neso-forecast-vs-actual" / (
-    "gb_national_fw48h_forecast_vs_actual_issued_2023-03-14_to_2023-03-17.csv"
+NESO_FW48H = (
+    DATA_DIR
+    / "uk-neso-forecast-vs-actual"
+    / ("gb_national_fw48h_forecast_vs_actual_issued_2023-03-14_to_2023-03-17.csv")
 )
 SHARED_CARBONCAST = Path("/work/shared/data/carbon/carboncast-forecast-vs-actual") / (
     "US-CISO_lifecycle_96h_forecast_vs_actual_2021-07-01_to_2021-07-11.csv"
@@ -57,9 +59,7 @@ class LeadTimeErrorModel:
             for hi, mae in zip(self.lead_edges_h[1:], self.rel_mae, strict=True)
         }
 
-    def sample(
-        self, actual: np.ndarray, lead_h: np.ndarray, slot_h: float, rng: np.random.Generator
-    ) -> np.ndarray:
+    def sample(self, actual: np.ndarray, lead_h: np.ndarray, slot_h: float, rng: np.random.Generator) -> np.ndarray:
         """Synthetic forecasts: ``actual`` (n x H) times (1 + sigma(lead) * z), z an AR(1) along the H axis."""
         actual = np.atleast_2d(np.asarray(actual, dtype=float))
         n, horizon = actual.shape

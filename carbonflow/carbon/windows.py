@@ -218,9 +218,14 @@ def _fmt(when: datetime) -> str:
 
 def _fallback(earliest: datetime, duration_s: float, reason: str, forecast: Forecast | None, run_now=None):
     return WindowChoice(
-        start=earliest, end=earliest + timedelta(seconds=duration_s), expected_gco2_per_kwh=run_now,
-        run_now_gco2_per_kwh=run_now, reason=reason, fallback=True,
-        provider=forecast.provider if forecast else None, signal_kind=forecast.signal_kind if forecast else None,
+        start=earliest,
+        end=earliest + timedelta(seconds=duration_s),
+        expected_gco2_per_kwh=run_now,
+        run_now_gco2_per_kwh=run_now,
+        reason=reason,
+        fallback=True,
+        provider=forecast.provider if forecast else None,
+        signal_kind=forecast.signal_kind if forecast else None,
     )
 
 
@@ -292,9 +297,12 @@ def choose_start(
     if lat < e0:
         late_s = e0 - lat
         return _fallback(
-            earliest, duration_s,
+            earliest,
+            duration_s,
             f"finish_by {_fmt(finish_by)} cannot be met (the job needs {duration_s / 3600:.2f} h): starting at "
-            f"once, {late_s / 3600:.2f} h late", forecast, run_now,
+            f"once, {late_s / 3600:.2f} h late",
+            forecast,
+            run_now,
         )
     if step_s is None:
         cand = np.concatenate([[e0, lat], t0, t1 - duration_s])
@@ -305,10 +313,13 @@ def choose_start(
     ok = np.isfinite(mean) & (cov >= _COVERED)
     if not ok.any():
         return _fallback(
-            earliest, duration_s,
+            earliest,
+            duration_s,
             f"forecast from {forecast.provider} covers {_fmt(datetime.fromtimestamp(x[0], UTC))} .. "
             f"{_fmt(datetime.fromtimestamp(x[-1], UTC))}, not a whole run between {_fmt(earliest)} and "
-            f"{_fmt(finish_by)}: starting at once", forecast, run_now,
+            f"{_fmt(finish_by)}: starting at once",
+            forecast,
+            run_now,
         )
     cand, mean = cand[ok], mean[ok]
     score = mean
@@ -340,21 +351,29 @@ def choose_start(
         cut = f" ({(1 - expected / run_now) * 100:.0f} % lower)" if run_now else ""
         reason = (
             f"start {_fmt(start)} ({wait_h:.1f} h after {_fmt(earliest)}): {expected:.0f} gCO2/kWh expected vs "
-            f"{run_now:.0f} if run at once{cut}" if run_now is not None else
-            f"start {_fmt(start)} ({wait_h:.1f} h after {_fmt(earliest)}): {expected:.0f} gCO2/kWh expected"
+            f"{run_now:.0f} if run at once{cut}"
+            if run_now is not None
+            else f"start {_fmt(start)} ({wait_h:.1f} h after {_fmt(earliest)}): {expected:.0f} gCO2/kWh expected"
         )
     reason += f"; forecast {forecast.provider}"
     if forecast.replay:
         reason += " (replayed data)"
     if robust:
         reason += (
-            ", robust to lead-time error (shrunk toward the recent daily profile)" if shrunk
+            ", robust to lead-time error (shrunk toward the recent daily profile)"
+            if shrunk
             else ", taken at face value (no recent actuals to check it against)"
         )
     return WindowChoice(
-        start=start, end=start + timedelta(seconds=duration_s), expected_gco2_per_kwh=expected,
-        run_now_gco2_per_kwh=run_now, reason=reason + note, fallback=False, robust=robust and shrunk > 0,
-        provider=forecast.provider, signal_kind=forecast.signal_kind,
+        start=start,
+        end=start + timedelta(seconds=duration_s),
+        expected_gco2_per_kwh=expected,
+        run_now_gco2_per_kwh=run_now,
+        reason=reason + note,
+        fallback=False,
+        robust=robust and shrunk > 0,
+        provider=forecast.provider,
+        signal_kind=forecast.signal_kind,
     )
 
 
@@ -379,11 +398,15 @@ def choose_intervals(
     earliest, finish_by = _validate(duration_s, earliest, finish_by, None)
 
     def contiguous(why: str) -> IntervalChoice:
-        one = choose_start(forecast, duration_s, earliest, finish_by, robust=robust, history=history,
-                           error_model=error_model)
+        one = choose_start(
+            forecast, duration_s, earliest, finish_by, robust=robust, history=history, error_model=error_model
+        )
         return IntervalChoice(
-            intervals=[(one.start, one.end)], expected_gco2_per_kwh=one.expected_gco2_per_kwh,
-            run_now_gco2_per_kwh=one.run_now_gco2_per_kwh, reason=f"{why}; {one.reason}", fallback=one.fallback,
+            intervals=[(one.start, one.end)],
+            expected_gco2_per_kwh=one.expected_gco2_per_kwh,
+            run_now_gco2_per_kwh=one.run_now_gco2_per_kwh,
+            reason=f"{why}; {one.reason}",
+            fallback=one.fallback,
             provider=one.provider,
         )
 
@@ -428,9 +451,14 @@ def choose_intervals(
         f"run in {len(intervals)} interval(s) from {_fmt(intervals[0][0])} to {_fmt(intervals[-1][1])}: "
         f"{expected:.0f} gCO2/kWh expected"
         + (f" vs {run_now:.0f} if run at once" if run_now is not None else "")
-        + f"; forecast {forecast.provider}" + (" (replayed data)" if forecast.replay else "")
+        + f"; forecast {forecast.provider}"
+        + (" (replayed data)" if forecast.replay else "")
     )
     return IntervalChoice(
-        intervals=intervals, expected_gco2_per_kwh=float(expected), run_now_gco2_per_kwh=run_now, reason=reason,
-        fallback=False, provider=forecast.provider,
+        intervals=intervals,
+        expected_gco2_per_kwh=float(expected),
+        run_now_gco2_per_kwh=run_now,
+        reason=reason,
+        fallback=False,
+        provider=forecast.provider,
     )
