@@ -89,7 +89,7 @@ class Backend(Protocol):
     def cancel(self, handle: RunHandle) -> None: ...
 
 
-def wait(backend: Backend, handle: RunHandle, *, timeout_s: float | None = None, poll_s: float = 0.5) -> RunStatus:
+def wait(backend: Backend, handle: RunHandle, *, timeout_s: float | None = None, poll_s: float = 0.2) -> RunStatus:
     """Block until the run finished (cancelling it at ``timeout_s``: RunTimedOut)."""
     started = time.monotonic()
     while (status := backend.poll(handle)).state != "finished":

@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from carbonflow.execution.errors import RunFailed
 from carbonflow.execution.k8s_manifests import (
     COMPLETION_INDEX_ANNOTATION,
     CONTAINER_NAME,
@@ -56,7 +57,7 @@ FATAL_WAITING_REASONS = frozenset(
 )
 
 
-class KubernetesRunError(RuntimeError):
+class KubernetesRunError(RunFailed):
     """A run that did not produce a result: names the object, its phase/reason and the log tail."""
 
 
@@ -151,6 +152,10 @@ class KubernetesBackend:
     """Runs a plan as a Pod (one container) or an Indexed Job (several) and returns its ``RunResult``."""
 
     name = "kubernetes"
+    supports_deferral = False
+    """Not yet: the task waits while the pod trains (deferring on the pod is the Kubernetes issue's work)."""
+    supports_shared = False
+    """Pair profiles and co-located launches run on the local backend; on Kubernetes pairs come from history."""
 
     def __init__(
         self,

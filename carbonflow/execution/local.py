@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
+import uuid
 from pathlib import Path
 
+from carbonflow.execution.backend import (
+    RunHandle,
+    RunOptions,
+    RunStatus,
+    run_shared_to_completion,
+    run_to_completion,
+)
 from carbonflow.execution.commands import training_command
-from carbonflow.execution.errors import GPU_UNAVAILABLE_EXIT, GpuUnavailable, RunFailed, RunTimedOut
+from carbonflow.execution.errors import GPU_UNAVAILABLE_EXIT, GpuUnavailable, RunFailed
 from carbonflow.execution.shared import SharedRequest, SharedRun
 from carbonflow.execution.wrapper import WrappedRun
 from carbonflow.models import JobSpec, Plan
@@ -34,73 +44,46 @@ def check_working_dir(spec: JobSpec) -> None:
 class LocalBackend:
     """Same Plan in, same measurements out, as the Kubernetes backend; one wrapper process per run.
 
-    The wrapper runs in its own process (as it would in a container) so that a crash of the
-    training, or of the caller, cannot leave a GPU at a lowered power limit: the wrapper restores
-    limits on its own exit paths, and :meth:`kill` sends it SIGTERM, which it turns into a restore.
+    Implements the backend contract (:mod:`carbonflow.execution.backend`): :meth:`start` launches the
+    ``carbonflow run`` wrapper and returns a handle at once, :meth:`poll`, :meth:`collect` and
+    :meth:`cancel` act on it — from this process or another on the same host (the handle names the run's
+    directory and the wrapper's pid). The wrapper runs in its own process (as it would in a container) so
+    that a crash of the training, or of the caller, cannot leave a GPU at a lowered power limit: it leases
+    its GPUs, restores limits on its own exit paths, and :meth:`cancel` sends it SIGTERM, which it turns
+    into a restore. A local run is a child of the worker that started it: ``supports_deferral`` is False.
     """
 
     name = "local"
+    supports_deferral = False
+    supports_shared = True
 
     def __init__(self, workdir: Path, *, python: str = sys.executable, trace_interval_s: float = 0.5) -> None:
         self.workdir = Path(workdir)
         self.python = python
         self.trace_interval_s = trace_interval_s
-        self._process: subprocess.Popen[bytes] | None = None
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._running: dict[str, RunHandle] = {}
         self._lock = threading.Lock()
 
-    def execute(
-        self,
-        spec: JobSpec,
-        plan: Plan,
-        *,
-        run_name: str = "train",
-        profile_steps: int | None = None,
-        warmup_steps: int = 0,
-        trace: bool = True,
-        timeout_s: float | None = None,
-        sweep_limits_w: list[float] | None = None,
-        stop_below_fraction: float | None = None,
-    ) -> WrappedRun:
-        """Run the plan's configuration to completion (or for a step budget when profiling)."""
+    # --- the contract -------------------------------------------------------------------------------
+    def start(self, spec: JobSpec, plan: Plan, options: RunOptions) -> RunHandle:
+        """Launch the wrapper for one job; returns at once."""
         check_working_dir(spec)
-        run_dir = self.workdir / run_name
-        run_dir.mkdir(parents=True, exist_ok=True)
-        job_path, plan_path, result_path = run_dir / "job.json", run_dir / "plan.json", run_dir / "result.json"
+        run_dir = self._fresh_dir(options.run_name)
+        job_path, plan_path = run_dir / "job.json", run_dir / "plan.json"
         job_path.write_text(spec.model_dump_json(indent=2), encoding="utf-8")
         plan_path.write_text(plan.model_dump_json(indent=2), encoding="utf-8")
-        result_path.unlink(missing_ok=True)
         wrapper = [
             self.python, "-m", "carbonflow.cli", "run",
-            "--job", str(job_path), "--plan", str(plan_path), "--result", str(result_path),
-            "--output-dir", str(run_dir / "output"), "--warmup-steps", str(warmup_steps),
+            "--job", str(job_path), "--plan", str(plan_path), "--result", str(run_dir / "result.json"),
+            "--output-dir", str(run_dir / "output"), "--warmup-steps", str(options.warmup_steps),
+            *self._options_args(options, run_dir), "--", *training_command(spec, plan.config, python=self.python),
         ]  # fmt: skip
-        if trace:
-            wrapper += ["--trace", str(run_dir / "power_trace.csv"), "--trace-interval", str(self.trace_interval_s)]
-        if profile_steps is not None:
-            wrapper += ["--profile-steps", str(profile_steps)]
-        if sweep_limits_w:
-            wrapper += ["--sweep-limits", ",".join(f"{w:g}" for w in sweep_limits_w)]
-        if stop_below_fraction is not None:
-            wrapper += ["--stop-below", f"{stop_below_fraction:g}"]
-        command = training_command(spec, plan.config, python=self.python)
-        log_path = run_dir / "training.log"
-        code = self._run([*wrapper, "--", *command], log_path, timeout_s, f"run {run_name!r} of job {spec.name!r}")
-        _raise_if_no_gpu(code, log_path)
-        if not result_path.exists():
-            tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
-            raise RunFailed(f"run {run_name!r} of job {spec.name!r} wrote no result (exit {code}); log tail:\n{tail}")
-        run = WrappedRun.model_validate_json(result_path.read_text(encoding="utf-8"))
-        if run.exit_code != 0:
-            tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
-            log.error("training of %s exited with %s; log tail:\n%s", spec.name, run.exit_code, tail)
-        return run
+        return self._launch(wrapper, run_dir, "solo", [spec.name])
 
-    def execute_shared(
-        self, request: SharedRequest, *, run_name: str = "shared", trace: bool = True, timeout_s: float | None = None
-    ) -> SharedRun:
-        """Run a co-located pair on one GPU through ``carbonflow run-shared``; the commands are filled in here."""
-        run_dir = self.workdir / run_name
-        run_dir.mkdir(parents=True, exist_ok=True)
+    def start_shared(self, request: SharedRequest, options: RunOptions) -> RunHandle:
+        """Launch ``carbonflow run-shared`` for a co-located pair on one GPU; returns at once."""
+        run_dir = self._fresh_dir(options.run_name)
         members = [
             m.model_copy(update={
                 "command": training_command(m.job, m.plan.config, python=self.python),
@@ -109,46 +92,120 @@ class LocalBackend:
             for m in request.members
         ]  # fmt: skip
         update: dict[str, object] = {"members": members}
-        if trace:
+        if options.trace:
             update.update(trace_csv=str(run_dir / "power_trace.csv"), trace_interval_s=self.trace_interval_s)
         request = request.model_copy(update=update)
-        request_path, result_path = run_dir / "shared.json", run_dir / "result.json"
-        request_path.write_text(request.model_dump_json(indent=2), encoding="utf-8")
-        result_path.unlink(missing_ok=True)
-        command = [self.python, "-m", "carbonflow.cli", "run-shared", "--request", str(request_path),
-                   "--result", str(result_path)]  # fmt: skip
-        names = "+".join(m.job.name for m in members)
-        code = self._run(command, run_dir / "training.log", timeout_s, f"run {run_name!r} of {names}")
-        _raise_if_no_gpu(code, run_dir / "training.log")
-        if not result_path.exists():
-            tail = (run_dir / "training.log").read_text(encoding="utf-8", errors="replace")[-2000:]
-            raise RunFailed(f"run {run_name!r} of {names} wrote no result (exit {code}); log tail:\n{tail}")
-        return SharedRun.model_validate_json(result_path.read_text(encoding="utf-8"))
+        (run_dir / "shared.json").write_text(request.model_dump_json(indent=2), encoding="utf-8")
+        command = [self.python, "-m", "carbonflow.cli", "run-shared", "--request", str(run_dir / "shared.json"),
+                   "--result", str(run_dir / "result.json")]  # fmt: skip
+        return self._launch(command, run_dir, "shared", [m.job.name for m in members])
 
-    def _run(self, command: list[str], log_path: Path, timeout_s: float | None, what: str) -> int:
-        """Start the wrapper, wait for it (killing it at the timeout); returns its exit code."""
-        with log_path.open("wb") as log_file, self._lock:
-            self._process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=dict(os.environ))
-        try:
-            return self._process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise RunTimedOut(
-                f"{what} exceeded its timeout of {timeout_s:g} s (stopped; power limits restored)"
-            ) from None
-        finally:
-            with self._lock:
-                self._process = None
+    def poll(self, handle: RunHandle) -> RunStatus:
+        code = self._returncode(handle)
+        if code is None:
+            return RunStatus(state="running", message=f"wrapper pid {handle.details['pid']} running")
+        return RunStatus(state="finished", message=f"wrapper exited {code}")
+
+    def collect(self, handle: RunHandle) -> WrappedRun | SharedRun:
+        """What the finished run measured; GpuUnavailable or RunFailed (with the log's tail) otherwise."""
+        run_dir = Path(handle.details["run_dir"])
+        log_path, result_path = run_dir / "training.log", run_dir / "result.json"
+        code = self._returncode(handle)
+        _raise_if_no_gpu(code if code is not None else 0, log_path)
+        what = f"run {run_dir.name!r} of {'+'.join(handle.jobs)}"
+        if not result_path.exists():
+            raise RunFailed(f"{what} wrote no result (exit {code}); log tail:\n{_tail(log_path)}")
+        if handle.kind == "shared":
+            return SharedRun.model_validate_json(result_path.read_text(encoding="utf-8"))
+        run = WrappedRun.model_validate_json(result_path.read_text(encoding="utf-8"))
+        if run.exit_code != 0:
+            log.error("training of %s exited with %s; log tail:\n%s", what, run.exit_code, _tail(log_path))
+        return run
+
+    def cancel(self, handle: RunHandle) -> None:
+        """SIGTERM the wrapper (it stops the training and restores the limits); SIGKILL after 30 s."""
+        pid = int(handle.details["pid"])
+        if self._returncode(handle) is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while self._returncode(handle) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self._returncode(handle) is None:
+            log.error("wrapper %s did not stop within 30 s of SIGTERM; killing it", pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    # --- blocking forms (a local training task waits on its worker) ------------------------------------
+    def execute(self, spec: JobSpec, plan: Plan, **options: object) -> WrappedRun:
+        """Run the plan's configuration to completion (or for a step budget when profiling)."""
+        return run_to_completion(self, spec, plan, RunOptions(**options))
+
+    def execute_shared(self, request: SharedRequest, **options: object) -> SharedRun:
+        """Run a co-located pair on one GPU to completion."""
+        return run_shared_to_completion(self, request, RunOptions(**{"run_name": "shared", **options}))
 
     def kill(self) -> None:
-        """Stop a running wrapper: SIGTERM, which makes it stop the training and restore power limits."""
+        """Cancel every run this backend started that is still going (Airflow's ``on_kill``)."""
         with self._lock:
-            process = self._process
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            log.error("wrapper %s did not stop within 30 s of SIGTERM; killing it", process.pid)
-            process.kill()
+            handles = list(self._running.values())
+        for handle in handles:
+            self.cancel(handle)
+
+    # --- helpers --------------------------------------------------------------------------------------
+    def _fresh_dir(self, run_name: str) -> Path:
+        run_dir = self.workdir / run_name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "result.json").unlink(missing_ok=True)
+        return run_dir
+
+    def _options_args(self, options: RunOptions, run_dir: Path) -> list[str]:
+        args: list[str] = []
+        if options.trace:
+            args += ["--trace", str(run_dir / "power_trace.csv"), "--trace-interval", str(self.trace_interval_s)]
+        if options.profile_steps is not None:
+            args += ["--profile-steps", str(options.profile_steps)]
+        if options.sweep_limits_w:
+            args += ["--sweep-limits", ",".join(f"{w:g}" for w in options.sweep_limits_w)]
+        if options.stop_below_fraction is not None:
+            args += ["--stop-below", f"{options.stop_below_fraction:g}"]
+        return args
+
+    def _launch(self, command: list[str], run_dir: Path, kind: str, jobs: list[str]) -> RunHandle:
+        with (run_dir / "training.log").open("wb") as log_file:
+            process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=dict(os.environ))
+        handle = RunHandle(
+            backend=self.name, run_id=f"{run_dir.name}-{process.pid}-{uuid.uuid4().hex[:6]}", kind=kind, jobs=jobs,
+            details={"run_dir": str(run_dir), "pid": str(process.pid), "host": os.uname().nodename},
+        )  # fmt: skip
+        with self._lock:
+            self._processes[handle.run_id] = process
+            self._running[handle.run_id] = handle
+        return handle
+
+    def _returncode(self, handle: RunHandle) -> int | None:
+        """The wrapper's exit status, or None while it runs (a run started elsewhere: by its pid and result)."""
+        process = self._processes.get(handle.run_id)
+        if process is not None:
+            code = process.poll()
+            if code is not None:
+                with self._lock:
+                    self._running.pop(handle.run_id, None)
+            return code
+        if _pid_running(int(handle.details["pid"])):
+            return None
+        return 0 if (Path(handle.details["run_dir"]) / "result.json").exists() else -1
+
+
+def _pid_running(pid: int) -> bool:
+    """Whether ``pid`` is a living process (a zombie — exited, not yet reaped by its parent — is not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _tail(log_path: Path) -> str:
+    return log_path.read_text(encoding="utf-8", errors="replace")[-2000:] if log_path.exists() else "(no log)"

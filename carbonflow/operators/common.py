@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from carbonflow.execution.backend import Backend
 from carbonflow.models import Forecast, ForecastPoint, JobSpec
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def parse_job(job: JobSpec | dict[str, Any] | str) -> JobSpec:
 BACKENDS = ("local", "kubernetes")
 
 
-def make_backend(name: str, workdir: Path, kubernetes: dict[str, Any] | None = None) -> Any:
+def make_backend(name: str, workdir: Path, kubernetes: dict[str, Any] | None = None) -> Backend:
     """The execution backend called ``name``: ``local`` processes or ``kubernetes`` pods/jobs."""
     if name == "local":
         from carbonflow.execution.local import LocalBackend

@@ -116,7 +116,7 @@ class PairProfileOperator(BaseOperator):
             if self._backend is None:
                 workdir = home() / "runs" / safe_name(run_id) / "pairs"
                 self._backend = make_backend(self.backend, workdir)
-                if not hasattr(self._backend, "execute_shared"):
+                if not self._backend.supports_shared:
                     self.log.warning("backend %r cannot run pair profiles; no co-location tonight", self.backend)
                     return []
             try:

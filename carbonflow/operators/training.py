@@ -365,7 +365,7 @@ class CarbonAwareTrainingOperator(BaseOperator):
             request = SharedRequest(members=members, power_limit_w=min(limits) if limits else None)
             workdir = home() / "runs" / safe_name(_run_id(context)) / safe_name(group)
             self._backend = make_backend(self.backend, workdir, self.kubernetes)
-            if not hasattr(self._backend, "execute_shared"):
+            if not self._backend.supports_shared:
                 raise ValueError(f"backend={self.backend!r} cannot co-locate jobs on one GPU here; use backend 'local'")
             shared = self._backend.execute_shared(request, run_name="train")
             outcomes = []
