@@ -8,7 +8,6 @@ signatures other parts call.
 from carbonflow.planning.capacity import (
     CapacityLedger,
     ClusterLoad,
-    choose_start_with_delay_cost,
     deferral_budget_s,
     partner_slowdown_bound,
     power_limit_under_load,
@@ -26,7 +25,6 @@ from carbonflow.planning.colocation import (
     separate_if_slow,
 )
 from carbonflow.planning.costs import (
-    IntensityIntegral,
     Reference,
     carbon_g,
     edp,
@@ -34,7 +32,6 @@ from carbonflow.planning.costs import (
     energy_gain_minus_time_loss_pct,
     objective_cost,
     pareto_front,
-    shrink_forecast,
     zeus_cost,
 )
 from carbonflow.planning.learning import BatchSizeExplorer, Correction, JobHistory, RunRecord
@@ -56,7 +53,6 @@ __all__ = [
     "ClusterLoad",
     "Correction",
     "DeadlineError",
-    "IntensityIntegral",
     "JobHistory",
     "PairProfile",
     "Reference",
@@ -66,7 +62,6 @@ __all__ = [
     "choose_batch_size",
     "choose_colocation_pairs",
     "choose_power_limit",
-    "choose_start_with_delay_cost",
     "deferral_budget_s",
     "edp",
     "eds",
@@ -84,7 +79,6 @@ __all__ = [
     "predict_candidates",
     "predict_pair_slowdown",
     "separate_if_slow",
-    "shrink_forecast",
     "waiting_slowdown_bound",
     "work_samples",
     "zeus_cost",

@@ -13,8 +13,8 @@ API others call::
     predict_pair_slowdown(job_a, job_b, solo_a_s, solo_b_s, pair_profiles=None, history=None)
         -> tuple[float, float] | None                                     # None: nothing known, never pair
     choose_colocation_pairs(jobs, max_slowdowns, pair_slowdowns, savings) -> list[tuple[str, str]]
-    plan_night(specs, profiles, forecasts, now, pair_profiles=None, history=None, robust=False,
-               early_stop=False) -> list[Plan]
+    plan_night(specs, profiles, forecasts, now, pair_profiles=None, history=None, early_stop=False,
+               intensity_history=None) -> list[Plan]
     separate_if_slow(observed_slowdowns, plans, max_slowdowns) -> Separation
     observed_slowdown(solo_throughput, observed_throughput) -> float
 
@@ -36,8 +36,8 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from carbonflow.models import Config, EnergyLabel, Forecast, JobSpec, Plan, Profile
-from carbonflow.planning.costs import IntensityIntegral, shrink_forecast
+from carbonflow.carbon.windows import held_window_means, slot_boundaries_s
+from carbonflow.models import Config, EnergyLabel, Forecast, ForecastPoint, JobSpec, Plan, Profile
 from carbonflow.planning.learning import JobHistory
 from carbonflow.planning.optimizer import (
     Candidate,
@@ -47,6 +47,7 @@ from carbonflow.planning.optimizer import (
     plan_job,
     predict_candidates,
 )
+from carbonflow.units import J_PER_KWH
 
 
 @dataclass(frozen=True)
@@ -230,25 +231,24 @@ def _pair_option(
     hi = min(latest) if latest else 0.0
     if hi < 0:
         return None
-    integral = IntensityIntegral(forecast, now) if forecast is not None else None
-    if integral is not None and not latest:
-        hi = max(0.0, integral.horizon_end_s - tl.device_s)
+    if forecast is not None and not latest:
+        hi = max(0.0, (forecast.points[-1].end - now).total_seconds() - tl.device_s)
     starts = [0.0, hi]
-    if integral is not None and hi > 0:
-        bps = integral.breakpoints_s()
+    if forecast is not None and hi > 0:
+        bps = slot_boundaries_s(forecast, now)
         starts += [b for b in bps if 0 < b < hi] + [b - tl.overlap_s for b in bps if 0 < b - tl.overlap_s < hi]
         starts += [b - tl.device_s for b in bps if 0 < b - tl.device_s < hi]
     s = np.unique(np.round(np.array(starts), 3))
     overlap_e = pair.power_w * tl.overlap_s
     tail_power = (ref_b if tl.tail_job == "b" else ref_a).power_w
     tail_e = tail_power * tl.tail_s
-    if integral is not None:
-        ci_overlap = integral.mean(s, np.full(s.size, tl.overlap_s))
-        ci_tail = integral.mean(s + tl.overlap_s, np.full(s.size, tl.tail_s))
+    if forecast is not None:
+        ci_overlap = held_window_means(forecast, now, s, tl.overlap_s)
+        ci_tail = held_window_means(forecast, now, s + tl.overlap_s, tl.tail_s)
     else:
         ci_overlap = ci_tail = np.ones(s.size)
-    em_overlap = overlap_e / 3.6e6 * ci_overlap
-    em_tail = tail_e / 3.6e6 * ci_tail
+    em_overlap = overlap_e / J_PER_KWH * ci_overlap
+    em_tail = tail_e / J_PER_KWH * ci_tail
     objective_is_carbon = forecast is not None and spec_a.objective == "carbon" and spec_b.objective == "carbon"
     total = em_overlap + em_tail if objective_is_carbon else np.full(s.size, overlap_e + tail_e)
     best = int(np.lexsort((s, total))[0])
@@ -312,8 +312,8 @@ def plan_night(
     now: datetime,
     pair_profiles: Sequence[PairProfile] | None = None,
     history: JobHistory | None = None,
-    robust: bool = False,
     early_stop: bool = False,
+    intensity_history: Mapping[str, Sequence[ForecastPoint]] | None = None,
 ) -> list[Plan]:
     """Plans for a night's batch: each job's joint plan, then guarded co-location where it saves more.
 
@@ -340,15 +340,14 @@ def plan_night(
             now,
             history,
             on_infeasible="fastest",
-            robust=robust,
             early_stop=early_stop,
+            intensity_history=(intensity_history or {}).get(s.region),
         )
         for s in specs
     }
     if not pair_profiles and history is None:
         return [solo[n] for n in names]
 
-    shrunk = {region: shrink_forecast(f, now) if f is not None and robust else f for region, f in forecasts.items()}
     options: dict[tuple[str, str], _PairOption] = {}
     slowdowns: dict[tuple[str, str], tuple[float, float] | None] = {}
     savings: dict[tuple[str, str], float] = {}
@@ -364,7 +363,7 @@ def plan_night(
         assert pair is not None
         try:
             opt = _pair_option(
-                sa, sb, profiles[a], profiles[b], solo[a], solo[b], pair, shrunk.get(sa.region), now, history
+                sa, sb, profiles[a], profiles[b], solo[a], solo[b], pair, forecasts.get(sa.region), now, history
             )
         except (DeadlineError, ValueError):
             continue

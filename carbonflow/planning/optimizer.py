@@ -9,7 +9,8 @@ API others call::
     deadline_epochs(spec, history, batch_size) -> float | None        # epochs the deadline is planned for
     plan_job(spec: JobSpec, profile: Profile, forecast: Forecast | None, now: datetime,
              history: JobHistory | None = None, *, on_infeasible: "raise" | "fastest" = "raise",
-             alternatives_per_config: int = 3, robust: bool = False, early_stop: bool = False) -> Plan
+             alternatives_per_config: int = 3, early_stop: bool = False,
+             intensity_history: Sequence[ForecastPoint] | None = None) -> Plan
     choose_power_limit(power_limits_w, time_s, power_w, *, objective="energy", max_slowdown=0.10,
                        default_power_limit_w=None, max_power_w=None) -> float
     predict_candidates(spec, profile, history=None) -> (list[Candidate], reference Candidate, Reference)
@@ -49,9 +50,11 @@ How a plan is made
   ``on_infeasible="raise"`` (default) raises :class:`DeadlineError` (a ValueError naming ``finish_by``) and
   ``on_infeasible="fastest"`` returns the fastest configuration starting now with a reason that begins
   ``DEADLINE AT RISK``. A deadline is never missed silently.
-* ``robust=True`` (opt-in): when the forecast carries ``error_mae_by_lead_h``, its values are first shrunk
-  toward their mean by :func:`carbonflow.planning.costs.shrink_forecast` (winner's-curse correction). On a
-  year of GB/DE/CAISO replays with calibrated error it did not pay (nightly_carbon ``--robust``), so it is off.
+* **One start search.** Starts come from :func:`carbonflow.carbon.windows.search_starts`, the same search
+  ``choose_start``, ``plan_night`` and the benchmarks use. Robustness has one meaning: given
+  ``intensity_history`` (recent actuals), each forecast slot is shrunk toward the recent daily profile by its
+  lead-time error variance before ranking; without it the forecast is taken at face value. Reported emissions
+  are always the forecast's own numbers.
 """
 
 from __future__ import annotations
@@ -64,16 +67,26 @@ from typing import Literal
 
 import numpy as np
 
-from carbonflow.models import Config, Forecast, JobSpec, Plan, PlanAlternative, Profile, ProfilePoint, parse_objective
+from carbonflow.carbon.windows import StartSearch, search_starts
+from carbonflow.models import (
+    Config,
+    Forecast,
+    ForecastPoint,
+    JobSpec,
+    Plan,
+    PlanAlternative,
+    Profile,
+    ProfilePoint,
+    parse_objective,
+)
 from carbonflow.planning.costs import (
-    IntensityIntegral,
     Reference,
     emissions_g,
     objective_costs,
     pareto_front,
-    shrink_forecast,
 )
 from carbonflow.planning.learning import BatchSizeExplorer, JobHistory
+from carbonflow.units import J_PER_KWH
 
 _EPS = 1e-9
 DEADLINE_EPOCH_MARGIN = 1.5
@@ -324,8 +337,8 @@ def plan_job(
     *,
     on_infeasible: Literal["raise", "fastest"] = "raise",
     alternatives_per_config: int = 3,
-    robust: bool = False,
     early_stop: bool = False,
+    intensity_history: Sequence[ForecastPoint] | None = None,
 ) -> Plan:
     """Choose configuration and start jointly for one job (see the module docstring).
 
@@ -393,10 +406,7 @@ def plan_job(
     key_rank = np.argsort(np.argsort(np.array(keys)))  # deterministic final tie-break
 
     finish_by_s = (spec.finish_by - now).total_seconds() if spec.finish_by is not None else None
-    if robust and forecast is not None and forecast.error_mae_by_lead_h:
-        forecast = shrink_forecast(forecast, now)
-        notes.append("forecast shrunk by its error")
-    integral = IntensityIntegral(forecast, now) if forecast is not None else None
+    horizon_end_s = (forecast.points[-1].end - now).total_seconds() if forecast is not None else 0.0
     squeezed = np.zeros(n, dtype=bool)
     if finish_by_s is not None:
         latest = finish_by_s - durations
@@ -408,33 +418,23 @@ def plan_job(
                 latest = np.where(roomy, finish_by_s - durations * margin, -1.0)
             else:  # none has room: start now
                 latest = np.where(latest >= -_EPS, np.maximum(0.0, finish_by_s - durations * margin), latest)
-    elif integral is not None:
-        latest = np.maximum(0.0, integral.horizon_end_s - durations)
+    elif forecast is not None:
+        latest = np.maximum(0.0, horizon_end_s - durations)
     else:
         latest = np.zeros(n)
     meets_deadline_now = latest >= -_EPS
 
-    # Candidate starts per configuration (offsets from now, s).
-    if integral is not None:
-        bps = integral.breakpoints_s()
-        bps = bps[bps > 0]
-    else:
-        bps = np.array([])
-    cfg_idx_l, start_l = [], []
-    for i in range(n):
-        if not meets_deadline_now[i]:
-            continue
-        hi = max(0.0, float(latest[i]))
-        starts = [0.0, hi]
-        if bps.size and hi > 0:
-            starts.extend(bps[bps < hi].tolist())
-            ends = bps - durations[i]
-            starts.extend(ends[(ends > 0) & (ends < hi)].tolist())
-        s = np.unique(np.round(np.array(starts), 3))
-        cfg_idx_l.append(np.full(s.size, i))
-        start_l.append(s)
+    # Candidate starts of every configuration: carbonflow's one start search (carbon.windows.search_starts).
+    latest_or_none = np.where(meets_deadline_now, latest, -1.0)
+    found = (
+        search_starts(forecast, durations, now, latest_or_none, history=intensity_history, hold_edges=True)
+        if forecast is not None
+        else StartSearch(*_no_forecast_starts(latest_or_none), 0, 0.0)
+    )
+    if found.shrunk_slots:
+        notes.append("forecast checked against the recent daily profile (robust to lead-time error)")
 
-    if not cfg_idx_l or not np.any(within & meets_deadline_now):
+    if not found.run.size or not np.any(within & meets_deadline_now):
         fastest = int(np.argmin(durations))
         need = timedelta(seconds=float(durations[fastest]))
         msg = (
@@ -445,28 +445,31 @@ def plan_job(
             raise DeadlineError(msg)
         cfg_idx = np.array([fastest])
         start_s = np.array([0.0])
+        mean_ci = np.array([_run_now_ci(forecast, now, float(durations[fastest]))])
+        score_ci = mean_ci
         notes.insert(0, "DEADLINE AT RISK")
         forced = True
     else:
-        cfg_idx = np.concatenate(cfg_idx_l)
-        start_s = np.concatenate(start_l)
+        cfg_idx, start_s = found.run, found.start_s
+        mean_ci, score_ci = found.mean_gco2_per_kwh, found.score_gco2_per_kwh
         forced = False
 
     dur = durations[cfg_idx]
     en = energies[cfg_idx]
-    mean_ci = integral.mean(start_s, dur) if integral is not None else np.zeros_like(dur)
-    em = en / 3.6e6 * mean_ci
-    cost = objective_costs(objective, en, dur, em, ref)
+    em = en / J_PER_KWH * mean_ci
+    em_rank = en / J_PER_KWH * score_ci
+    cost = objective_costs(objective, en, dur, em_rank, ref)
     feasible = within[cfg_idx] | forced
     # Quantise costs so float noise never decides; then the documented tie-breaks.
     scale = max(float(np.max(np.abs(cost))), 1e-300)
     qcost = np.round(cost / scale, 9)
-    order = np.lexsort((key_rank[cfg_idx], start_s, dur, en, np.round(em / max(em.max(), 1e-300), 9), qcost, ~feasible))
+    em_q = np.round(em_rank / max(float(em_rank.max()), 1e-300), 9)
+    order = np.lexsort((key_rank[cfg_idx], start_s, dur, en, em_q, qcost, ~feasible))
     best = int(order[0])
     bi = int(cfg_idx[best])
     chosen = candidates[bi]
     start = now + timedelta(seconds=float(start_s[best]))
-    if integral is not None and integral.beyond_horizon(float(start_s[best] + dur[best])):
+    if forecast is not None and float(start_s[best] + dur[best]) > found.horizon_end_s + _EPS:
         notes.append("run ends after the forecast horizon: its last value is held")
 
     def alt(i: int, s_off: float, e_g: float, c: float, ok: bool, why: str | None) -> PlanAlternative:
@@ -501,13 +504,13 @@ def plan_job(
             why = f"finishes {finish.isoformat(timespec='minutes')} after finish_by even if started now"
             if squeezed[i]:
                 why = "no room before finish_by for the most epochs it is likely to need (see deadline_epochs)"
-            ci0 = float(integral.mean(0.0, durations[i])) if integral is not None else 0.0
+            ci0 = _run_now_ci(forecast, now, float(durations[i]))
             e0 = emissions_g(energies[i], ci0)
             c0 = float(objective_costs(objective, energies[i : i + 1], durations[i : i + 1], np.array([e0]), ref)[0])
             alternatives.append(alt(i, 0.0, e0, c0, False, why))
 
     # Baseline: the reference configuration started now.
-    base_ci = float(integral.mean(0.0, ref_c.duration_s)) if integral is not None else 0.0
+    base_ci = _run_now_ci(forecast, now, ref_c.duration_s)
     base_em = emissions_g(ref_c.energy_j, base_ci)
     one = np.array
     base_cost = float(
@@ -525,7 +528,7 @@ def plan_job(
         why_not=None if base_ok else "misses finish_by",
     )
 
-    reason = _reason(spec, chosen, start, em[best], base_em, ref_c, now, integral is not None, notes)
+    reason = _reason(spec, chosen, start, em[best], base_em, ref_c, now, forecast is not None, notes)
     return Plan(
         job=spec.name,
         config=chosen.config,
@@ -544,6 +547,20 @@ def plan_job(
         reason=reason,
         created_at=now,
     )
+
+
+def _run_now_ci(forecast: Forecast | None, now: datetime, duration_s: float) -> float:
+    """The forecast's mean intensity over a run started now (edges held; 0 without a forecast)."""
+    if forecast is None:
+        return 0.0
+    return float(search_starts(forecast, [duration_s], now, [0.0], hold_edges=True).mean_gco2_per_kwh[0])
+
+
+def _no_forecast_starts(latest: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Without a forecast every configuration that can still finish starts now, at intensity 0."""
+    run = np.flatnonzero(latest >= -_EPS)
+    zero = np.zeros(run.size)
+    return run, zero, zero, zero
 
 
 def _bs(c: Candidate, spec: JobSpec) -> int:
@@ -681,5 +698,12 @@ def pareto_alternatives(plan: Plan) -> list[PlanAlternative]:
         feasible=True,
     )
     options = [chosen, *(a for a in plan.alternatives if a.feasible)]
-    keep = pareto_front([(a.predicted_duration_s, a.predicted_energy_j, a.predicted_emissions_g) for a in options])
+    # Values equal to 9 significant digits are one option (float noise of summing one window two ways never
+    # dominates): the first of them (the choice comes first) stands for all.
+    rounded: dict[tuple[float, ...], PlanAlternative] = {}
+    for a in options:
+        key = tuple(float(f"{v:.9g}") for v in (a.predicted_duration_s, a.predicted_energy_j, a.predicted_emissions_g))
+        rounded.setdefault(key, a)
+    options = list(rounded.values())
+    keep = pareto_front(list(rounded))
     return sorted((options[i] for i in keep), key=lambda a: (a.predicted_emissions_g, a.predicted_energy_j))

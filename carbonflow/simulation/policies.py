@@ -35,7 +35,9 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from carbonflow.carbon.windows import choose_start
+import numpy as np
+
+from carbonflow.carbon.windows import choose_start, search_starts
 from carbonflow.planning import (
     CapacityLedger,
     ClusterLoad,
@@ -46,7 +48,6 @@ from carbonflow.planning import (
     predict_pair_slowdown,
 )
 from carbonflow.planning.capacity import (
-    choose_start_with_delay_cost,
     deferral_budget_s,
     partner_slowdown_bound,
     power_limit_under_load,
@@ -54,6 +55,7 @@ from carbonflow.planning.capacity import (
     waiting_slowdown_bound,
 )
 from carbonflow.simulation.engine import SimContext
+from carbonflow.units import J_PER_KWH
 
 FORECAST_HORIZON_S = 48 * 3600.0
 
@@ -251,16 +253,22 @@ class PlannerPolicy(FifoPolicy):
             return now_s
         busy = self.ctx.cluster.gpus - self.ctx.free_gpus()
         ledger = self.ledger
-        integral = self.ctx.grid.integral
-        watts = g * self.ctx.devices.solo(t, self.default_limit_w)[0]
-        start = choose_start_with_delay_cost(
-            lambda s: watts * integral(s, s + run_s) / 3.6e6,
-            now_s,
-            latest,
-            step,
-            self.delay_cost_g_per_s,
-            fits=lambda s: busy + ledger.peak_gpus(s, s + run_s) + g <= ledger.total_gpus,
+        grid = self.ctx.grid
+        kwh = g * self.ctx.devices.solo(t, self.default_limit_w)[0] * run_s / J_PER_KWH
+        found = search_starts(
+            grid.forecast(now_s, latest - now_s + run_s + grid.step_s),
+            [run_s],
+            grid.to_datetime(now_s),
+            [latest - now_s],
+            step_s=step,
+            delay_cost_per_s=self.delay_cost_g_per_s / max(kwh, 1e-12),
         )
+        start = now_s
+        for k in np.lexsort((found.start_s, np.round(found.score_gco2_per_kwh, 9))):
+            s = now_s + float(found.start_s[k])
+            if s == now_s or busy + ledger.peak_gpus(s, s + run_s) + g <= ledger.total_gpus:
+                start = s  # the cheapest start with spare capacity then (deferring into congestion only queues)
+                break
         if start > now_s:
             self.booked[job] = (start, start + run_s, g)
             ledger.add(start, start + run_s, g)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planning_factories import NOW, make_forecast, make_profile, make_spec
 
+from carbonflow.carbon.windows import held_window_means
 from carbonflow.models import Config, JobSpec
 from carbonflow.planning import (
     DeadlineError,
@@ -19,7 +21,6 @@ from carbonflow.planning import (
     predict_candidates,
     work_samples,
 )
-from carbonflow.planning.costs import IntensityIntegral
 
 
 def _energy_optimal(spec, profile):
@@ -186,8 +187,7 @@ def test_plan_never_misses_finish_by_nor_breaks_the_slowdown_bound(
     assert plan.start + timedelta(seconds=plan.predicted_duration_s) <= spec.finish_by + timedelta(milliseconds=5)
     assert plan.predicted_duration_s <= ref.duration_s * (1 + max_slowdown) * (1 + 1e-6)
     # The emissions it reports are the integral of the forecast over its window.
-    integral = IntensityIntegral(forecast, NOW)
-    mean = float(integral.mean((plan.start - NOW).total_seconds(), plan.predicted_duration_s))
+    mean = float(held_window_means(forecast, NOW, (plan.start - NOW).total_seconds(), plan.predicted_duration_s)[0])
     assert plan.predicted_emissions_g == pytest.approx(plan.predicted_energy_j / 3.6e6 * mean, rel=1e-6, abs=1e-9)
     # No feasible alternative beats it on the objective.
     costs = [a.cost for a in plan.alternatives if a.feasible]
@@ -204,11 +204,10 @@ def test_carbon_plan_is_no_worse_than_any_start_on_a_fine_grid(values, hours):
     spec = make_spec(hours=hours, epochs=2)
     forecast = make_forecast(values)
     plan = plan_job(spec, profile, forecast, NOW)
-    integral = IntensityIntegral(forecast, NOW)
     latest = hours * 3600 - plan.predicted_duration_s
-    offsets = [i * 300.0 for i in range(int(latest // 300) + 1)]
-    brute = min(float(integral.mean(o, plan.predicted_duration_s)) for o in offsets)
-    chosen = float(integral.mean((plan.start - NOW).total_seconds(), plan.predicted_duration_s))
+    offsets = np.array([i * 300.0 for i in range(int(latest // 300) + 1)])
+    brute = float(held_window_means(forecast, NOW, offsets, plan.predicted_duration_s).min())
+    chosen = float(held_window_means(forecast, NOW, (plan.start - NOW).total_seconds(), plan.predicted_duration_s)[0])
     assert chosen <= brute * (1 + 1e-9) + 1e-9
 
 
