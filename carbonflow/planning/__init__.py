@@ -34,7 +34,7 @@ from carbonflow.planning.costs import (
     pareto_front,
     zeus_cost,
 )
-from carbonflow.planning.learning import BatchSizeExplorer, Correction, JobHistory, RunRecord
+from carbonflow.planning.learning import BatchSizeExplorer, Correction, JobHistory, RunCostModel, RunRecord
 from carbonflow.planning.optimizer import (
     Candidate,
     DeadlineError,
@@ -56,6 +56,7 @@ __all__ = [
     "JobHistory",
     "PairProfile",
     "Reference",
+    "RunCostModel",
     "RunRecord",
     "Separation",
     "carbon_g",

@@ -11,7 +11,8 @@ API others call::
               epochs=None, reached_target=None, cost=None, colocated_with=(), observed_slowdown=None)
     RunRecord.from_result(result: RunResult, plan: Plan, epochs=None, reached_target=None) -> RunRecord
     JobHistory(records, drift_window=10)
-      .correction(job, config_key) -> Correction(time_factor, energy_factor, runs)
+      .correction(job, config_key) -> Correction(time_factor, energy_factor, runs)   # per config (reports)
+      .run_cost_model(job, profile_prediction) -> RunCostModel   # what the planner predicts with
       .epochs_to_target(job, batch_size) -> float | None
       .pair_slowdown(job, other) -> float | None         # worst observed slowdown of job next to other
     BatchSizeExplorer(batch_sizes, default_batch_size, prior_cost_per_epoch, ...)  # see class doc
@@ -19,7 +20,12 @@ API others call::
       .unprofiled() -> list[int]; .add_profile(batch_size, cost_per_epoch)   # lazy profiling
       .budget() -> float; .charge(cost)                                      # conservative exploration
 
-Prediction correction: the ratio realised/predicted of duration and of energy, per job and configuration,
+Prediction (what the planner uses): :class:`RunCostModel`, a per-run fixed part (start-up, data loading,
+evaluation) plus a per-sample factor on the profile's figures, for time and energy, learned per job from its
+realised solo runs against what the *profile* predicts for them (:func:`fit_fixed_and_rate`) and applied alike to
+every configuration of the job.
+
+Per-configuration ratio (``correction``, kept for reports): the ratio realised/predicted of duration and of energy, per job and configuration,
 over the last ``drift_window`` runs (median, robust to one odd night); when a configuration has no runs,
 the job-wide ratio is used (shrunk toward 1 by the number of runs). A data drift shows up as a moving ratio
 and the window forgets older nights.
@@ -56,7 +62,7 @@ cost per epoch per batch size is known from the profile (a short profiling windo
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -130,6 +136,57 @@ class Correction:
     runs: int = 0
 
 
+@dataclass(frozen=True)
+class RunCostModel:
+    """A job's realised run = a per-run fixed part + a per-sample part, for time and for energy.
+
+    ``duration = fixed_s + time_factor × profile duration`` and ``energy = fixed_j + energy_factor × profile
+    energy``, the profile figures being work / throughput (and × power) of the configuration. The fixed part
+    (process start-up, data loading, evaluation) is what a profile's steady-state window never sees; one model
+    per job, the same for every configuration, so a configuration that ran is never made to look worse than
+    the untried ones by its own run.
+    """
+
+    fixed_s: float = 0.0
+    fixed_j: float = 0.0
+    time_factor: float = 1.0
+    energy_factor: float = 1.0
+    runs: int = 0
+
+    def duration_s(self, profile_s: float) -> float:
+        return self.fixed_s + self.time_factor * profile_s
+
+    def energy_j(self, profile_j: float) -> float:
+        return self.fixed_j + self.energy_factor * profile_j
+
+
+def fit_fixed_and_rate(profile: Sequence[float], realised: Sequence[float]) -> tuple[float, float]:
+    """(fixed part, per-sample factor) with ``realised ≈ fixed + factor × profile`` (median-based, robust to one
+    odd night). With one kind of run (profile figures within 5 % of each other) the factor cannot be told from
+    the fixed part: the profile's per-sample rate is trusted (factor 1) and the fixed part is the median excess;
+    a profile slower than reality (negative excess) is a factor instead. Otherwise a line through the medians
+    of the shorter and longer halves, factor > 0 and fixed >= 0."""
+    x = np.asarray(profile, dtype=float)
+    y = np.asarray(realised, dtype=float)
+    ok = (x > 0) & (y > 0)
+    x, y = x[ok], y[ok]
+    if x.size == 0:
+        return 0.0, 1.0
+    if x.max() <= 1.05 * x.min():
+        excess = float(np.median(y - x))
+        return (excess, 1.0) if excess >= 0 else (0.0, float(np.median(y / x)))
+    order = np.argsort(x)
+    lo, hi = order[: x.size // 2], order[x.size // 2 :]
+    x0, y0, x1, y1 = np.median(x[lo]), np.median(y[lo]), np.median(x[hi]), np.median(y[hi])
+    factor = float((y1 - y0) / (x1 - x0)) if x1 > x0 else 1.0
+    if factor <= 0:
+        return 0.0, float(np.median(y / x))
+    fixed = float(np.median(y - factor * x))
+    if fixed < 0:
+        return 0.0, float(np.median(y / x))
+    return fixed, factor
+
+
 def _median_ratio(pairs: Sequence[tuple[float, float]]) -> float:
     ratios = [real / pred for pred, real in pairs if pred > 0 and real > 0]
     return float(np.median(ratios)) if ratios else 1.0
@@ -181,6 +238,25 @@ class JobHistory:
             energy_factor=1 + weight * (energy_ratio - 1),
             runs=len(recent),
         )
+
+    def run_cost_model(
+        self, job: str, profile_prediction: Callable[[RunRecord], tuple[float, float] | None]
+    ) -> RunCostModel:
+        """The job's fixed + per-sample model from its last ``drift_window`` solo runs.
+
+        ``profile_prediction(record)`` gives what the current profile predicts for that run's configuration
+        and work, without any correction (duration s, energy J), or None when it cannot (the run is skipped).
+        """
+        seen = []
+        for r in [r for r in self.for_job(job) if not r.colocated_with][-self.drift_window :]:
+            base = profile_prediction(r)
+            if base is not None and r.realised_duration_s > 0 and r.realised_energy_j > 0:
+                seen.append((base, (r.realised_duration_s, r.realised_energy_j)))
+        if not seen:
+            return RunCostModel()
+        fixed_s, time_factor = fit_fixed_and_rate([b[0] for b, _ in seen], [real[0] for _, real in seen])
+        fixed_j, energy_factor = fit_fixed_and_rate([b[1] for b, _ in seen], [real[1] for _, real in seen])
+        return RunCostModel(fixed_s, fixed_j, time_factor, energy_factor, len(seen))
 
     def epochs_to_target(self, job: str, batch_size: int | None) -> float | None:
         """Mean epochs the job needed to reach its target at this batch size (recent window), or None."""

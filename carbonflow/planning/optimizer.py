@@ -24,8 +24,10 @@ How a plan is made
 * **Batch size** (opt-in: ``batch_sizes`` and ``target_metric`` set, history given): tonight's batch size
   comes from :func:`choose_batch_size` (exploration across recurrences); the other knobs are chosen for it.
 * **Per configuration** (each profile point whose batch size / containers / power limit the JobSpec allows):
-  duration = work / throughput, energy = power × duration (power = the sum over devices), both multiplied
-  by the history's correction factors (realised / predicted over a drift window).
+  duration = fixed + factor × work / throughput, energy = fixed + factor × power × profile duration (power =
+  the sum over devices); the fixed parts (start-up, data loading, evaluation) and factors are the job's
+  :class:`~carbonflow.planning.learning.RunCostModel`, learned from its realised runs against what the profile
+  predicts for them and the same for every configuration (none before the first run).
 * **Reference** ("default configuration", also the ``baseline``): the job's default container count
   (``min_containers``), the profile's default power limit (else the highest profiled one) and the job's own
   batch size, started now. The slowdown bound is ``duration ≤ (1 + max_slowdown) × reference duration``;
@@ -85,7 +87,7 @@ from carbonflow.planning.costs import (
     objective_costs,
     pareto_front,
 )
-from carbonflow.planning.learning import BatchSizeExplorer, JobHistory
+from carbonflow.planning.learning import BatchSizeExplorer, JobHistory, RunCostModel, RunRecord
 from carbonflow.units import J_PER_KWH
 
 _EPS = 1e-9
@@ -108,6 +110,8 @@ class Candidate:
     energy_j: float
     slowdown: float
     within_slowdown: bool
+    fixed_s: float = 0.0
+    """The per-run fixed part of ``duration_s`` (start-up, data loading, evaluation), learned from past runs."""
 
     @property
     def config(self) -> Config:
@@ -278,15 +282,22 @@ def predict_candidates(
                     works[bs] = min(works[bs], guess * profile.samples_per_epoch)
         return works[bs]
 
+    by_key = {p.config.key(): p for p in profile.points}
+
+    def profile_prediction(r: RunRecord) -> tuple[float, float] | None:
+        """What the profile alone predicts for a realised run: its configuration, its work."""
+        p = by_key.get(r.config_key)
+        if p is None or p.throughput_samples_per_s <= 0:
+            return None
+        work = r.epochs * profile.samples_per_epoch if r.epochs and profile.samples_per_epoch else None
+        duration = (work if work is not None else work_of(p.config.batch_size)) / p.throughput_samples_per_s
+        return duration, _power_w(p) * duration
+
+    model = history.run_cost_model(spec.name, profile_prediction) if history is not None else RunCostModel()
+
     def predict(p: ProfilePoint) -> tuple[float, float]:
-        work = work_of(p.config.batch_size)
-        duration = work / p.throughput_samples_per_s
-        energy = _power_w(p) * duration
-        if history is not None:
-            corr = history.correction(spec.name, p.config.key())
-            duration *= corr.time_factor
-            energy *= corr.energy_factor
-        return duration, energy
+        duration = work_of(p.config.batch_size) / p.throughput_samples_per_s
+        return model.duration_s(duration), model.energy_j(_power_w(p) * duration)
 
     ref_duration, ref_energy = predict(ref_point)
     bound = ref_duration * (1 + spec.max_slowdown)
@@ -294,7 +305,7 @@ def predict_candidates(
     ref_candidate: Candidate | None = None
     for p in points:
         duration, energy = predict(p)
-        c = Candidate(p, duration, energy, duration / ref_duration - 1, duration <= bound * (1 + _EPS))
+        c = Candidate(p, duration, energy, duration / ref_duration - 1, duration <= bound * (1 + _EPS), model.fixed_s)
         candidates.append(c)
         if p is ref_point:
             ref_candidate = c
@@ -591,7 +602,9 @@ def _deadline_factors(
     for i, c in enumerate(candidates):
         bs = c.config.batch_size
         if bs not in expected_by_bs:
-            expected_by_bs[bs] = c.duration_s * c.point.throughput_samples_per_s / profile.samples_per_epoch
+            expected_by_bs[bs] = (
+                (c.duration_s - c.fixed_s) * c.point.throughput_samples_per_s / profile.samples_per_epoch
+            )
         expected = expected_by_bs[bs]
         most = deadline_epochs(spec, history, bs)
         if explorer is not None and _bs(c, spec) in explorer.arms and expected > 0:

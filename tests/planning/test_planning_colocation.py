@@ -112,8 +112,8 @@ def test_a_colocated_pair_trained_to_target_plans_finish_by_for_its_most_epochs(
             job=job,
             config_key="c1-pl250",
             finished_at=NOW - timedelta(days=d),
-            predicted_duration_s=1.0,
-            realised_duration_s=1.0,
+            predicted_duration_s=0.0,  # not recorded: the fit skips it
+            realised_duration_s=0.0,
             predicted_energy_j=1.0,
             realised_energy_j=1.0,
             batch_size=64,
@@ -142,8 +142,8 @@ def test_a_job_trying_an_untried_batch_size_tonight_is_not_colocated():
             job=job,
             config_key="c1-pl250-b64",
             finished_at=NOW - timedelta(days=d),
-            predicted_duration_s=1.0,
-            realised_duration_s=1.0,
+            predicted_duration_s=0.0,  # not recorded: the fit skips it
+            realised_duration_s=0.0,
             predicted_energy_j=1.2e6,
             realised_energy_j=1.2e6,
             batch_size=64,

@@ -252,8 +252,8 @@ def test_batch_size_is_learned_across_recurrences_from_history():
             job=spec.name,
             config_key=f"c1-pl250-b{bs}",
             finished_at=NOW - timedelta(days=day),
-            predicted_duration_s=1.0,
-            realised_duration_s=1.0,
+            predicted_duration_s=0.0,  # not recorded: the fit skips it
+            realised_duration_s=0.0,
             predicted_energy_j=energy,
             realised_energy_j=energy,
             batch_size=bs,
@@ -299,8 +299,8 @@ def _target_run(spec_name: str, day: int, bs: int, epochs: float, energy_j: floa
         job=spec_name,
         config_key=f"c1-pl250-b{bs}",
         finished_at=NOW - timedelta(days=day),
-        predicted_duration_s=1.0,
-        realised_duration_s=1.0,
+        predicted_duration_s=0.0,  # not recorded: the fit skips it
+        realised_duration_s=0.0,
         predicted_energy_j=energy_j,
         realised_energy_j=energy_j,
         batch_size=bs,
