@@ -25,8 +25,9 @@ evaluation) plus a per-sample factor on the profile's figures, for time and ener
 realised solo runs against what the *profile* predicts for them (:func:`fit_fixed_and_rate`) and applied alike to
 every configuration of the job.
 
-Per-configuration ratio (``correction``, kept for reports): the ratio realised/predicted of duration and of energy, per job and configuration,
-over the last ``drift_window`` runs (median, robust to one odd night); when a configuration has no runs,
+Per-configuration ratio (``correction``, kept for reports): realised/predicted duration and energy, per job
+and configuration, over the last ``drift_window`` runs (median, robust to one odd night); when a configuration has
+no runs,
 the job-wide ratio is used (shrunk toward 1 by the number of runs). A data drift shows up as a moving ratio
 and the window forgets older nights.
 
