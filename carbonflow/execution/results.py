@@ -11,6 +11,7 @@ from pathlib import Path
 from carbonflow.energy.accounting import emissions_g
 from carbonflow.execution.wrapper import WrappedRun
 from carbonflow.models import ForecastPoint, Plan, RunResult
+from carbonflow.planning.saving import saving_fraction as one_saving_fraction
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def to_run_result(
     if baseline_energy_ratio is not None and baseline_intensity_gco2_per_kwh is not None:
         run_now_g = energy_total_j * baseline_energy_ratio / 3.6e6 * baseline_intensity_gco2_per_kwh
         saving_g = run_now_g - emissions
-        saving_fraction = saving_g / run_now_g if run_now_g > 0 else 0.0
+        saving_fraction = one_saving_fraction(emissions, run_now_g)  # carbonflow's one saving definition
         notes.append("emissions_run_now_default_g is predicted (profile energy ratio × run-now intensity)")
     if plan.replay:
         notes.append("carbon intensity replayed from recorded data")

@@ -88,6 +88,7 @@ from carbonflow.planning.costs import (
     pareto_front,
 )
 from carbonflow.planning.learning import BatchSizeExplorer, JobHistory, RunCostModel, RunRecord
+from carbonflow.planning.saving import saving_fraction, saving_phrase
 from carbonflow.units import J_PER_KWH
 
 _EPS = 1e-9
@@ -326,17 +327,8 @@ def _fmt_config(config: Config) -> str:
     return ", ".join(parts)
 
 
-def _signed(pct: float) -> str:
-    value = round(pct)
-    return f"−{-value} %" if value < 0 else f"+{value} %"
-
-
 def _hm(when: datetime) -> str:
     return when.strftime("%H:%M")
-
-
-def _pct(new: float, old: float) -> float:
-    return 100.0 * (new - old) / old if old > 0 else 0.0
 
 
 def plan_job(
@@ -539,6 +531,9 @@ def plan_job(
         why_not=None if base_ok else "misses finish_by",
     )
 
+    why = _why_not_better(spec, chosen, float(em[best]), alternatives, found.shrunk_slots > 0)
+    if why:
+        notes.append(why)
     reason = _reason(spec, chosen, start, em[best], base_em, ref_c, now, forecast is not None, notes)
     return Plan(
         job=spec.name,
@@ -628,6 +623,26 @@ def _deadline_factors(
     return out, reserve
 
 
+def _why_not_better(
+    spec: JobSpec, chosen: Candidate, em: float, alternatives: Sequence[PlanAlternative], robust: bool
+) -> str | None:
+    """Why a listed alternative that uses less energy *and* less carbon was not chosen (None: there is none)."""
+    better = [
+        a
+        for a in alternatives
+        if a.predicted_energy_j < chosen.energy_j * (1 - 1e-6) and a.predicted_emissions_g < em * (1 - 1e-6)
+    ]
+    if not better:
+        return None
+    a = min(better, key=lambda x: (x.predicted_emissions_g, x.predicted_energy_j))
+    what = f"{_fmt_w(a.config)} would use less energy and carbon"
+    if not a.feasible:
+        return f"{what} but {a.why_not}"
+    if parse_objective(spec.objective)[0] == "carbon" and robust:
+        return f"{what} by the raw forecast, but the recent actuals make its window less likely to be low"
+    return f"{what} but costs more under the objective {spec.objective}, which also weighs time"
+
+
 def _reason(
     spec: JobSpec,
     chosen: Candidate,
@@ -642,10 +657,10 @@ def _reason(
     when = "start now" if start == now else f"start {_hm(start)} UTC"
     head = f"{_fmt_config(chosen.config)}, {when}"
     if have_forecast:
-        vs = f"{_signed(_pct(em, base_em))} carbon"
+        vs = saving_phrase(saving_fraction(em, base_em), spec.objective, default=_fmt_w(ref.config))
     else:
-        vs = f"{_signed(_pct(chosen.energy_j, ref.energy_j))} energy"
-    vs += f" vs start now at {_fmt_w(ref.config)}"
+        fraction = saving_fraction(chosen.energy_j, ref.energy_j)
+        vs = saving_phrase(fraction, spec.objective, of="energy", default=_fmt_w(ref.config))
     slow = chosen.slowdown
     speed = f"{abs(slow) * 100:.0f} % {'slower' if slow > 0 else 'faster'}" if abs(slow) >= 0.005 else "same speed"
     finish = start + timedelta(seconds=chosen.duration_s)
