@@ -17,7 +17,7 @@ Every choice meets ``finish_by`` when that is possible; with no usable forecast 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -281,9 +281,17 @@ class StartSearch:
     shrunk_slots: int
     horizon_end_s: float
 
+    def ranked(self) -> np.ndarray:
+        """Candidate indices by score, ties to the earliest start (then the lower run index)."""
+        return np.lexsort((self.run, self.start_s, np.round(self.score_gco2_per_kwh, 9)))
+
     def best(self) -> int:
         """Index of the lowest score, ties to the earliest start (then the lower run index)."""
-        return int(np.lexsort((self.run, self.start_s, np.round(self.score_gco2_per_kwh, 9)))[0])
+        return int(self.ranked()[0])
+
+    def first_that(self, fits: Callable[[float], bool]) -> int | None:
+        """The best-ranked candidate whose start ``fits`` (e.g. spare GPUs then); None when none does."""
+        return next((int(k) for k in self.ranked() if fits(float(self.start_s[k]))), None)
 
 
 def _held(t0: np.ndarray, t1: np.ndarray, val: np.ndarray, lo: float, hi: float):

@@ -24,7 +24,7 @@ from carbonflow.energy.monitor import EnergyMonitor, Measurement, PowerSampler
 from carbonflow.energy.power_limit import (
     PowerLimitOutcome,
     applied_power_limit,
-    repair_from_stale_journals,
+    repair_leased_gpus,
     restore_from_journal,
     restore_stale_journals,
 )
@@ -53,7 +53,7 @@ __all__ = [
     "energy_intervals_from_measurement",
     "energy_intervals_from_trace",
     "merge_measurements",
-    "repair_from_stale_journals",
+    "repair_leased_gpus",
     "restore_from_journal",
     "restore_stale_journals",
     "shared_gpu_shares",

@@ -20,3 +20,7 @@ class PowerLimitNotPermitted(EnergyError):
 
 class PowerLimitRestoreFailed(EnergyError):
     """A previous power limit could not be restored after retries (reported loudly)."""
+
+
+class GpuLeaseUnavailable(EnergyError):
+    """No GPU could be leased: every GPU the run may use is held by another run (the message says which)."""

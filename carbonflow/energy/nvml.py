@@ -206,7 +206,8 @@ class NvmlGpu(Device):
     def set_power_limit_w(self, limit_w: float) -> None:
         self.check_power_limit_w(limit_w)
         if self.zeusd is not None:
-            self.zeusd.set_power_limit_w([self.index], limit_w, block=True)
+            host_index = self.zeusd.host_index(self.id, self.index, self._nv.nvmlDeviceGetCount())
+            self.zeusd.set_power_limit_w([host_index], limit_w, block=True)
         else:
             self._limit_call("nvmlDeviceSetPowerManagementLimit", round(limit_w * 1000))
         now_w = self.power_limit_w()

@@ -5,12 +5,15 @@ uses. It
 
 1. validates ``limit_w`` against every GPU's constraints before touching anything (ValueError
    naming the value and the allowed range);
-2. first repairs what a crashed run left behind (journals of dead processes naming these GPUs),
-   then reads every GPU's current limit and writes a *restore journal* (JSON, written atomically)
-   before changing any limit, so that a later process can restore after a crash of the wrapper
-   itself (``restore_from_journal`` / ``python -m carbonflow.energy.power_limit restore [PATH]``,
-   or simply the next run on those GPUs). Simulated GPUs need no journal (their limit lives and
-   dies with the wrapper process);
+2. holds the *lease* of every GPU it may change (:mod:`carbonflow.energy.lease`: taken here unless the
+   caller passes its own), and first repairs what a crashed run left behind — on every start, with or
+   without a limit: a journal of a GPU whose lease this process now holds was written by a run that is
+   gone. Then it reads every GPU's current limit and writes one *restore journal* per GPU
+   (``<journal dir>/<GPU UUID>.json``, format 2, written atomically) before changing that GPU, so a later
+   process can restore after a crash of the wrapper itself (``restore_from_journal`` /
+   ``python -m carbonflow.energy.power_limit restore [PATH]``, through zeusd when ``ZEUSD_SOCK_PATH`` is
+   set, or simply the next run on those GPUs). Journals of 0.1.0 (one file per run, judged by PID) are
+   still read and repaired. Simulated GPUs need no journal (their limit lives and dies with the process);
 3. sets the limit on every GPU; if a GPU refuses (no permission, not supported) the limits already
    set are put back, the run continues at the current limits and the outcome says
    ``"power limit not applied: <reason>"``;
@@ -35,7 +38,6 @@ import signal
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -43,19 +45,34 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from carbonflow.contract import POWER_JOURNAL_DIR_ENV, ZEUSD_SOCK_ENV
 from carbonflow.energy.device import LIMIT_TOLERANCE_W, Device
-from carbonflow.energy.errors import EnergyError, PowerLimitNotPermitted, PowerLimitRestoreFailed
+from carbonflow.energy.errors import (
+    EnergyError,
+    GpuLeaseUnavailable,
+    PowerLimitNotPermitted,
+    PowerLimitRestoreFailed,
+)
+from carbonflow.energy.lease import GpuLeaseSet, acquire_gpus, carbonflow_state_dir, lease_holder_pid, lease_is_held
 
 logger = logging.getLogger(__name__)
 
-JOURNAL_DIR_ENV = "CARBONFLOW_POWER_JOURNAL_DIR"
+JOURNAL_DIR_ENV = POWER_JOURNAL_DIR_ENV
 JOURNAL_PREFIX = "power-limit-journal-"
+"""0.1.0 journals (one per run, named by PID); still read and repaired."""
+JOURNAL_FORMAT_VERSION = 2
 
 
 def default_journal_dir() -> Path:
-    """Where restore journals live: $CARBONFLOW_POWER_JOURNAL_DIR, else ~/.carbonflow/power-journal."""
+    """Journals live in $CARBONFLOW_POWER_JOURNAL_DIR, else power-journal under $CARBONFLOW_HOME or ~/.carbonflow."""
     env = os.environ.get(JOURNAL_DIR_ENV)
-    return Path(env) if env else Path.home() / ".carbonflow" / "power-journal"
+    return Path(env) if env else carbonflow_state_dir() / "power-journal"
+
+
+def gpu_journal_path(directory: Path, gpu_uuid: str) -> Path:
+    """The one journal of a GPU: ``<directory>/<UUID>.json``."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in gpu_uuid)
+    return directory / f"{safe}.json"
 
 
 @dataclass
@@ -68,7 +85,7 @@ class PowerLimitOutcome:
     applied_w: dict[str, float] = field(default_factory=dict)
     restored: bool | None = None
     notes: list[str] = field(default_factory=list)
-    journal_path: str | None = None
+    journal_paths: list[str] = field(default_factory=list)
 
 
 def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
@@ -109,14 +126,14 @@ class _Restorer:
         self,
         gpus: list[Device],
         previous_w: dict[str, float],
-        journal: Path | None,
+        journals: dict[str, Path],
         retries: int,
         delay_s: float,
         outcome: PowerLimitOutcome,
     ) -> None:
         self.gpus = gpus
         self.previous_w = previous_w
-        self.journal = journal
+        self.journals = journals
         self.retries = retries
         self.delay_s = delay_s
         self.outcome = outcome
@@ -145,8 +162,9 @@ class _Restorer:
                         f"POWER LIMIT NOT RESTORED ({why}) on {dev.describe()}: wanted {want:g} W, "
                         f"{err}; after {self.retries} attempts. "
                         + (
-                            f"Restore later with: python -m carbonflow.energy.power_limit restore {self.journal}"
-                            if self.journal
+                            "Restore later with: python -m carbonflow.energy.power_limit restore "
+                            f"{self.journals[dev.id]}"
+                            if dev.id in self.journals
                             else ""
                         )
                     )
@@ -156,37 +174,15 @@ class _Restorer:
                 self.outcome.restored = False
                 return False
             self.outcome.restored = True
-            if self.journal is not None:
+            for path in self.journals.values():
                 with contextlib.suppress(FileNotFoundError):
-                    self.journal.unlink()
+                    path.unlink()
             logger.info("power limits restored (%s): %s", why, self.previous_w)
             return True
 
 
-@contextlib.contextmanager
-def applied_power_limit(
-    devices: Sequence[Device],
-    limit_w: float | None,
-    journal_path: str | Path | None = None,
-    install_signal_handlers: bool = True,
-    retries: int = 3,
-    retry_delay_s: float = 0.2,
-) -> Iterator[PowerLimitOutcome]:
-    """Apply ``limit_w`` to every GPU in ``devices`` for the duration of the block; always restore.
-
-    ``limit_w=None`` leaves limits alone. ``journal_path`` defaults to a per-process file in
-    :func:`default_journal_dir`. See the module docstring for the full contract.
-    """
-    outcome = PowerLimitOutcome(requested_w=limit_w)
-    gpus = [d for d in devices if d.kind == "gpu"]
-    if limit_w is None:
-        outcome.notes.append("no power limit requested: GPUs stay at their current limits")
-        yield outcome
-        return
-    if not gpus:
-        outcome.notes.append("power limit not applied: no GPU in this run")
-        yield outcome
-        return
+def _settable(gpus: list[Device], limit_w: float, outcome: PowerLimitOutcome) -> list[Device] | None:
+    """The GPUs the limit can go on, or None (noted) when any refuses; ValueError for an out-of-range limit."""
     settable, refused = [], []
     for dev in gpus:
         if not dev.supports_power_limit:
@@ -200,37 +196,51 @@ def applied_power_limit(
         settable.append(dev)
     if refused:
         outcome.notes.append("power limit not applied: " + "; ".join(refused))
-        yield outcome
-        return
+        return None
+    return settable
 
-    journal_dir = Path(journal_path).parent if journal_path else default_journal_dir()
-    # A wrapper that crashed (SIGKILL, power loss) left its journal: put those limits back first, or the
-    # lowered limit would be read below as "previous" and kept forever.
-    outcome.notes.extend(repair_from_stale_journals(journal_dir, settable, retries, retry_delay_s))
-    previous = {dev.id: dev.power_limit_w() for dev in settable}
-    outcome.previous_w = dict(previous)
-    journal: Path | None = None
-    durable = [d for d in settable if d.label != "simulated"]  # a simulated GPU's limit dies with its process
-    if durable:
-        journal = (
-            Path(journal_path)
-            if journal_path
-            else journal_dir / f"{JOURNAL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
-        )
-        _write_json_atomic(
-            journal,
-            {
-                "pid": os.getpid(),
-                "created_at": datetime.now(UTC).isoformat(),
-                "requested_w": limit_w,
-                "devices": [
-                    {"id": d.id, "model": d.model, "label": d.label, "previous_w": previous[d.id]} for d in durable
-                ],
-            },
-        )
-        outcome.journal_path = str(journal)
-    restorer = _Restorer(settable, previous, journal, retries, retry_delay_s, outcome)
 
+def _write_journals(
+    directory: Path, durable: list[Device], previous: dict[str, float], limit_w: float
+) -> dict[str, Path]:
+    journals = {}
+    for dev in durable:
+        path = gpu_journal_path(directory, dev.id)
+        _write_json_atomic(path, {
+            "format_version": JOURNAL_FORMAT_VERSION, "gpu_uuid": dev.id, "model": dev.model,
+            "previous_w": previous[dev.id], "requested_w": limit_w, "pid": os.getpid(),
+            "host": os.uname().nodename, "created_at": datetime.now(UTC).isoformat(),
+        })  # fmt: skip
+        journals[dev.id] = path
+    return journals
+
+
+def _apply(settable: list[Device], limit_w: float, restorer: _Restorer, outcome: PowerLimitOutcome) -> None:
+    for dev in settable:
+        with restorer._lock:
+            if restorer.stopping:  # a signal arrived while applying: do not lower any further GPU
+                outcome.notes.append("power limit not applied: the run was stopped while it was being set")
+                outcome.applied_w.clear()
+                return
+            try:
+                dev.set_power_limit_w(limit_w)
+                outcome.applied_w[dev.id] = dev.power_limit_w()
+            except (EnergyError, ValueError) as exc:  # refused, or a read-back that disagrees: put all back
+                outcome.notes.append(f"power limit not applied: {exc}")
+                outcome.applied_w.clear()
+                restorer.restore("a GPU refused the limit or read back another value")
+                return
+    outcome.applied = True
+    outcome.notes.append(f"power limit {limit_w:g} W applied to {len(settable)} GPU(s)")
+    outcome.notes.extend(
+        f"{dev.describe()} is in MIG mode: the limit applies to the whole GPU, all instances"
+        for dev in settable
+        if dev.mig
+    )
+
+
+@contextlib.contextmanager
+def _signals_restore(restorer: _Restorer, install: bool) -> Iterator[None]:
     old_handlers: dict[int, Any] = {}
 
     def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -243,33 +253,11 @@ def applied_power_limit(
                 raise KeyboardInterrupt
             raise SystemExit(128 + signum)
 
-    if install_signal_handlers and threading.current_thread() is threading.main_thread():
+    if install and threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             old_handlers[signum] = signal.signal(signum, _on_signal)
     try:
-        for dev in settable:
-            with restorer._lock:
-                if restorer.stopping:  # a signal arrived while applying: do not lower any further GPU
-                    outcome.notes.append("power limit not applied: the run was stopped while it was being set")
-                    outcome.applied_w.clear()
-                    break
-                try:
-                    dev.set_power_limit_w(limit_w)
-                    outcome.applied_w[dev.id] = dev.power_limit_w()
-                except PowerLimitNotPermitted as exc:
-                    outcome.notes.append(f"power limit not applied: {exc}")
-                    outcome.applied_w.clear()
-                    restorer.restore("a GPU refused the limit")
-                    break
-        else:
-            outcome.applied = True
-            outcome.notes.append(f"power limit {limit_w:g} W applied to {len(settable)} GPU(s)")
-            for dev in settable:
-                if dev.mig:
-                    outcome.notes.append(
-                        f"{dev.describe()} is in MIG mode: the limit applies to the whole GPU, all instances"
-                    )
-        yield outcome
+        yield
     finally:
         try:
             restorer.restore("end of run")
@@ -278,42 +266,110 @@ def applied_power_limit(
                 signal.signal(signum, old)
 
 
+@contextlib.contextmanager
+def applied_power_limit(
+    devices: Sequence[Device],
+    limit_w: float | None,
+    journal_dir: str | Path | None = None,
+    install_signal_handlers: bool = True,
+    retries: int = 3,
+    retry_delay_s: float = 0.2,
+    lease: GpuLeaseSet | None = None,
+) -> Iterator[PowerLimitOutcome]:
+    """Apply ``limit_w`` to every GPU in ``devices`` for the duration of the block; always restore.
+
+    ``limit_w=None`` leaves limits alone (after repairing what a crashed run left). ``lease``: the caller's
+    leases of these GPUs (the wrapper's, held for its whole life); without it the block takes its own.
+    See the module docstring for the full contract.
+    """
+    outcome = PowerLimitOutcome(requested_w=limit_w)
+    gpus = [d for d in devices if d.kind == "gpu"]
+    durable = [d for d in gpus if d.label != "simulated"]  # a simulated GPU's limit dies with its process
+    own = acquire_gpus([d.id for d in durable], len(durable)) if durable and lease is None else None
+    directory = Path(journal_dir) if journal_dir else default_journal_dir()
+    try:
+        outcome.notes.extend(repair_leased_gpus(directory, durable, retries, retry_delay_s))
+        settable = _settable(gpus, limit_w, outcome) if limit_w is not None and gpus else None
+        if limit_w is None:
+            outcome.notes.append("no power limit requested: GPUs stay at their current limits")
+        elif not gpus:
+            outcome.notes.append("power limit not applied: no GPU in this run")
+        if not settable:
+            yield outcome
+            return
+        previous = {dev.id: dev.power_limit_w() for dev in settable}
+        outcome.previous_w = dict(previous)
+        journals = _write_journals(directory, [d for d in settable if d in durable], previous, limit_w)
+        outcome.journal_paths = [str(p) for p in journals.values()]
+        restorer = _Restorer(settable, previous, journals, retries, retry_delay_s, outcome)
+        with _signals_restore(restorer, install_signal_handlers):
+            _apply(settable, limit_w, restorer, outcome)
+            yield outcome
+    finally:
+        if own is not None:
+            own.release()
+
+
+@dataclass
+class JournalEntry:
+    gpu_uuid: str
+    previous_w: float
+    path: Path
+    pid: int | None
+    format_version: int
+
+
+def read_journal(path: str | Path) -> list[JournalEntry]:
+    """The entries of a journal file of either format (2: one GPU; 0.1.0: a run's GPUs and its PID)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format_version") == JOURNAL_FORMAT_VERSION:
+            return [JournalEntry(data["gpu_uuid"], float(data["previous_w"]), path, data.get("pid"), 2)]
+        pid = int(data.get("pid", -1))
+        return [JournalEntry(e["id"], float(e["previous_w"]), path, pid, 1) for e in data["devices"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise EnergyError(f"journal {path} is unreadable: {exc}") from exc
+
+
+def host_gpus() -> list[Device]:
+    """Every NVML GPU of this host, setting limits through zeusd when ``ZEUSD_SOCK_PATH`` is set."""
+    from carbonflow.energy.nvml import nvml_devices
+    from carbonflow.energy.zeusd import ZeusdClient
+
+    zeusd = ZeusdClient() if os.environ.get(ZEUSD_SOCK_ENV) else None
+    return list(nvml_devices(all_devices=True, zeusd=zeusd))
+
+
 def restore_from_journal(
     path: str | Path, devices: Sequence[Device] | None = None, retries: int = 3, retry_delay_s: float = 0.2
 ) -> dict[str, float]:
     """Restore the limits recorded in a journal (after the wrapper itself crashed); returns id → W restored.
 
-    ``devices`` defaults to the NVML GPUs of this host. Raises PowerLimitRestoreFailed (journal kept)
-    if a recorded GPU is missing or refuses; removes the journal when everything is back.
+    ``devices`` defaults to :func:`host_gpus` (through zeusd when configured). Raises PowerLimitRestoreFailed
+    (journal kept) if a recorded GPU is missing or refuses; removes the journal when everything is back.
     """
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-        entries = {e["id"]: float(e["previous_w"]) for e in data["devices"]}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise EnergyError(f"journal {path} is unreadable: {exc}") from exc
+    entries = read_journal(path)
     if devices is None:
-        from carbonflow.energy.nvml import nvml_devices
-
-        devices = nvml_devices(all_devices=True) if entries else []
+        devices = host_gpus() if entries else []
     by_id = {d.id: d for d in devices}
     restored: dict[str, float] = {}
     problems = []
-    for dev_id, want in entries.items():
-        dev = by_id.get(dev_id)
+    for entry in entries:
+        dev = by_id.get(entry.gpu_uuid)
         if dev is None:
-            problems.append(f"GPU {dev_id} not found on this host")
+            problems.append(f"GPU {entry.gpu_uuid} not found on this host")
             continue
-        err = _set_with_retries(dev, want, retries, retry_delay_s)
+        err = _set_with_retries(dev, entry.previous_w, retries, retry_delay_s)
         if err is None:
-            restored[dev_id] = want
+            restored[entry.gpu_uuid] = entry.previous_w
         else:
             problems.append(f"{dev.describe()}: {err}")
     if problems:
         msg = f"journal {path}: could not restore: " + "; ".join(problems)
         logger.critical(msg)
         raise PowerLimitRestoreFailed(msg)
-    path.unlink(missing_ok=True)
+    Path(path).unlink(missing_ok=True)
     return restored
 
 
@@ -327,7 +383,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _journal_is_stale(path: Path) -> bool:
+def _v1_journal_is_stale(path: Path) -> bool:
     try:
         pid = int(json.loads(path.read_text()).get("pid", -1))
     except (OSError, ValueError, AttributeError):
@@ -335,20 +391,42 @@ def _journal_is_stale(path: Path) -> bool:
     return not (pid > 0 and _pid_alive(pid))
 
 
-def repair_from_stale_journals(
+def repair_leased_gpus(
     directory: str | Path, devices: Sequence[Device], retries: int = 3, retry_delay_s: float = 0.2
 ) -> list[str]:
-    """Restore limits recorded by crashed runs for the given devices; returns notes saying what was done.
+    """Put back what crashed runs left on ``devices``, whose leases the caller holds; notes say what was done.
 
-    Entries for devices not given are kept in the journal (rewritten) for whoever owns those GPUs.
+    A format-2 journal of a leased GPU is stale by construction (its writer's lease is gone). 0.1.0 journals
+    are repaired when their PID is gone; their entries for other GPUs are kept.
     """
     directory = Path(directory)
-    if not directory.is_dir():
+    if not directory.is_dir() or not devices:
         return []
+    notes = []
+    for dev in devices:
+        path = gpu_journal_path(directory, dev.id)
+        if path.exists():
+            notes.append(_repair_entry(dev, read_journal(path)[0], retries, retry_delay_s))
+    return notes + _repair_v1_journals(directory, devices, retries, retry_delay_s)
+
+
+def _repair_entry(dev: Device, entry: JournalEntry, retries: int, retry_delay_s: float) -> str:
+    err = _set_with_retries(dev, entry.previous_w, retries, retry_delay_s)
+    if err is not None:
+        msg = f"could not restore {dev.describe()} from crashed run's journal {entry.path}: {err}"
+        logger.critical(msg)
+        return msg
+    entry.path.unlink(missing_ok=True)
+    return (
+        f"restored {dev.describe()} to {entry.previous_w:g} W left lowered by a crashed run (journal {entry.path.name})"
+    )
+
+
+def _repair_v1_journals(directory: Path, devices: Sequence[Device], retries: int, retry_delay_s: float) -> list[str]:
     by_id = {d.id: d for d in devices}
     notes: list[str] = []
     for path in sorted(directory.glob(f"{JOURNAL_PREFIX}*.json")):
-        if not _journal_is_stale(path):
+        if not _v1_journal_is_stale(path):
             continue
         try:
             data = json.loads(path.read_text())
@@ -362,17 +440,11 @@ def repair_from_stale_journals(
             if dev is None:
                 remaining.append(entry)
                 continue
-            err = _set_with_retries(dev, float(entry["previous_w"]), retries, retry_delay_s)
-            if err is None:
-                notes.append(
-                    f"restored {dev.describe()} to {float(entry['previous_w']):g} W left lowered by a crashed run "
-                    f"(journal {path.name})"
-                )
-            else:
+            note = _repair_entry(dev, JournalEntry(dev.id, float(entry["previous_w"]), path, None, 1), retries,
+                                 retry_delay_s)  # fmt: skip
+            notes.append(note)
+            if note.startswith("could not"):
                 remaining.append(entry)
-                msg = f"could not restore {dev.describe()} from crashed run's journal {path}: {err}"
-                logger.critical(msg)
-                notes.append(msg)
         if remaining:
             data["devices"] = remaining
             _write_json_atomic(path, data)
@@ -381,14 +453,43 @@ def repair_from_stale_journals(
     return notes
 
 
+def stale_journals(directory: Path) -> list[Path]:
+    """Journals whose writer is gone: format 2 when the GPU's lease is free, 0.1.0 when the PID is dead."""
+    out = []
+    for path in sorted(directory.glob("*.json")):
+        if path.name.startswith(JOURNAL_PREFIX):
+            if _v1_journal_is_stale(path):
+                out.append(path)
+            continue
+        with contextlib.suppress(EnergyError):
+            (entry,) = read_journal(path)
+            if not lease_is_held(entry.gpu_uuid):
+                out.append(path)
+            else:
+                logger.info("journal %s is live: GPU %s is leased by pid %s", path, entry.gpu_uuid,
+                            lease_holder_pid(entry.gpu_uuid))  # fmt: skip
+    return out
+
+
 def restore_stale_journals(
     directory: str | Path | None = None, devices: Sequence[Device] | None = None
 ) -> dict[str, dict[str, float]]:
-    """Restore every journal in ``directory`` whose writing process is gone; returns path → restored limits."""
+    """Restore every journal in ``directory`` whose writer is gone; returns path → restored limits.
+
+    Format-2 journals are restored while holding the GPU's lease, so no wrapper starts on it meanwhile.
+    """
     directory = Path(directory) if directory else default_journal_dir()
     out: dict[str, dict[str, float]] = {}
-    for path in sorted(directory.glob(f"{JOURNAL_PREFIX}*.json")):
-        if _journal_is_stale(path):
+    for path in stale_journals(directory) if directory.is_dir() else []:
+        entries = read_journal(path)
+        if entries[0].format_version == 1:
+            out[str(path)] = restore_from_journal(path, devices)
+            continue
+        try:
+            lease = acquire_gpus([entries[0].gpu_uuid], 1)
+        except GpuLeaseUnavailable:  # a wrapper took the GPU meanwhile: it repairs the journal itself
+            continue
+        with lease:
             out[str(path)] = restore_from_journal(path, devices)
     return out
 

@@ -5,7 +5,7 @@ limits; unprivileged training processes ask it over HTTP on a Unix domain socket
 https://ml.energy/zeus/zeusd/api/). carbonflow uses it on Kubernetes so that the training pod is
 never privileged. Endpoints used (query parameters, ``gpu_ids`` comma-separated NVML indices):
 
-* ``GET  /discover`` → ``{"gpus": [{"id", "name", ...}], "enabled_api_groups": [...], ...}``
+* ``GET  /discover`` → ``{"gpu_ids": [0, 1, ...], "cpu_ids": [...], "enabled_api_groups": [...], ...}``
 * ``POST /gpu/set_power_limit?gpu_ids=0,1&power_limit_mw=200000&block=true``
 * ``GET  /gpu/get_power_limit`` → ``{"0": {"power_limit_mw": 200000}}``
 * ``GET  /gpu/get_power_limit_constraints`` → ``{"0": {"min_power_limit_mw": ..., "max_power_limit_mw": ...}}``
@@ -13,6 +13,12 @@ never privileged. Endpoints used (query parameters, ``gpu_ids`` comma-separated 
 * ``GET  /gpu/get_power`` → ``{"timestamp_ms": ..., "power_mw": {"0": 75000}}``
 
 Status codes: 400 bad input, 401/403 auth or NVML no-permission, 404 API group disabled.
+
+zeusd numbers GPUs as NVML does *on the host*. A process in a container enumerates only the GPUs it was
+given, from 0, so its index is not zeusd's: carbonflow addresses GPUs by UUID and maps a UUID to zeusd's
+host index with :meth:`ZeusdClient.host_index` — from the node's map file (``CARBONFLOW_GPU_INDEX_MAP``,
+JSON ``{uuid: host index}``, written on the host by ``python -m carbonflow.energy.zeusd write-index-map``)
+or, when this process sees as many GPUs as zeusd does (it is on the host), from its own NVML index.
 """
 
 from __future__ import annotations
@@ -21,12 +27,13 @@ import http.client
 import json
 import os
 import socket
+import sys
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+from carbonflow.contract import GPU_INDEX_MAP_ENV, ZEUSD_SOCK_ENV
 from carbonflow.energy.errors import EnergyError, PowerLimitNotPermitted
-
-ZEUSD_SOCK_ENV = "ZEUSD_SOCK_PATH"
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -88,6 +95,28 @@ class ZeusdClient:
         """Devices, capabilities and enabled API groups of the daemon."""
         return self._request("GET", "/discover")
 
+    def host_gpu_count(self) -> int:
+        return len(self.discover().get("gpu_ids", []))
+
+    def host_index(self, gpu_uuid: str, local_index: int, local_count: int) -> int:
+        """zeusd's (host) index of the GPU with ``gpu_uuid`` (see the module docstring); never a guess."""
+        map_path = os.environ.get(GPU_INDEX_MAP_ENV)
+        if map_path:
+            try:
+                mapping = json.loads(Path(map_path).read_text())
+            except (OSError, ValueError) as exc:
+                raise ZeusdError(f"{GPU_INDEX_MAP_ENV}={map_path!r} is not a readable JSON map: {exc}") from exc
+            if gpu_uuid not in mapping:
+                raise ZeusdError(f"GPU {gpu_uuid} is not in the node's index map {map_path} ({sorted(mapping)})")
+            return int(mapping[gpu_uuid])
+        host_count = self.host_gpu_count()
+        if host_count == local_count:
+            return local_index
+        raise ZeusdError(
+            f"GPU {gpu_uuid}: this process sees {local_count} GPU(s) but zeusd manages {host_count}, so its index "
+            f"{local_index} is not zeusd's; give the node's UUID→index map in {GPU_INDEX_MAP_ENV}"
+        )
+
     def set_power_limit_w(self, gpu_ids: list[int], limit_w: float, block: bool = True) -> None:
         """Set the power limit (W) of the given GPU indices (sent as mW)."""
         if not gpu_ids:
@@ -113,3 +142,28 @@ class ZeusdClient:
     def get_power_w(self, gpu_ids: list[int] | None = None) -> dict[int, float]:
         data = self._request("GET", "/gpu/get_power", self._ids(gpu_ids))
         return {int(k): v / 1000.0 for k, v in data["power_mw"].items()}
+
+
+def write_index_map(path: Path) -> dict[str, int]:
+    """On the host: write this node's GPU UUID → NVML (= zeusd) index map to ``path`` (atomically)."""
+    from carbonflow.energy.nvml import nvml_devices
+
+    mapping = {gpu.id: gpu.index for gpu in nvml_devices(all_devices=True)}
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(mapping, indent=2))
+    tmp.replace(path)
+    return mapping
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m carbonflow.energy.zeusd write-index-map PATH`` (run on the host, e.g. by the node agent)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "write-index-map":
+        print("usage: python -m carbonflow.energy.zeusd write-index-map PATH", file=sys.stderr)
+        return 2
+    print(json.dumps(write_index_map(Path(args[1])), indent=2))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from carbonflow.energy.errors import GpuLeaseUnavailable
+
 
 class ExecutionError(RuntimeError):
     """A run could not be started, did not produce a result, or could not be stopped cleanly."""
@@ -15,9 +17,13 @@ class RunTimedOut(ExecutionError):
     """A run exceeded its time limit and was cancelled (power limits restored)."""
 
 
-class GpuUnavailable(ExecutionError):
+class GpuUnavailable(ExecutionError, GpuLeaseUnavailable):
     """No GPU could be leased for the run: every GPU it may use is held by another run (the message says which)."""
 
 
 class PowerLimitNotRestored(ExecutionError):
     """A run ended but a GPU's power limit could not be put back; its journal is kept for ``carbonflow restore``."""
+
+
+GPU_UNAVAILABLE_EXIT = 69
+"""Exit status of ``carbonflow run``/``run-shared`` when no GPU could be leased (EX_UNAVAILABLE: retry later)."""

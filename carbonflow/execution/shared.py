@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,8 +29,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from carbonflow.energy.lease import GpuLeaseSet
 from carbonflow.energy.monitor import EnergyMonitor, Measurement, PowerSampler
 from carbonflow.energy.power_limit import applied_power_limit
+from carbonflow.execution.errors import GPU_UNAVAILABLE_EXIT, GpuUnavailable
+from carbonflow.execution.gpus import lease_run_gpus, pinned_env, start_child
 from carbonflow.execution.wrapper import (
     POLL_S,
     RESULT_LINE_PREFIX,
@@ -125,27 +129,41 @@ class _Member:
         return min(samples / seconds / solo, 1.0)
 
 
-def _shared_device(members: list[SharedMember]) -> Any:
-    """The one GPU the pair shares: simulated when both jobs simulate one, else the first visible NVML GPU."""
+def _shared_device(members: list[SharedMember]) -> tuple[Any, GpuLeaseSet | None]:
+    """The one GPU the pair shares, with its lease: simulated when both jobs simulate one, else a free NVML GPU.
+
+    The pair's one launcher (this wrapper) takes the one lease; both trainings inherit it.
+    """
     sims = [m.job.simulated_gpu for m in members]
     if all(s is not None for s in sims):
         from carbonflow.energy.simulated import SimulatedSharedGpu
 
-        return SimulatedSharedGpu([s for s in sims if s is not None])
+        return SimulatedSharedGpu([s for s in sims if s is not None]), None
     from carbonflow.energy.nvml import nvml_devices
 
     gpus = list(nvml_devices(os.environ.get("CUDA_VISIBLE_DEVICES")))
     if not gpus:
         raise RuntimeError("no GPU to share: NVML found none and the jobs do not both declare simulated_gpu")
-    return gpus[0]
+    leased, lease = lease_run_gpus(gpus, 1)
+    return leased[0], lease
 
 
 def run_shared(request: SharedRequest, *, result_path: Path | None = None) -> SharedRun:
     """Run the pair on one GPU; returns one WrappedRun per job with the GPU's energy split between them."""
     from carbonflow.energy.cpu import CpuDevice
 
-    gpu = _shared_device(request.members)
-    devices = [gpu, CpuDevice()]
+    gpu, lease = _shared_device(request.members)
+    try:
+        return _run_shared_on(request, gpu, lease, CpuDevice(), result_path)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _run_shared_on(
+    request: SharedRequest, gpu: Any, lease: GpuLeaseSet | None, cpu: Any, result_path: Path | None
+) -> SharedRun:
+    devices = [gpu, cpu]
     simulated = callable(getattr(gpu, "member_slowdown_factor", None))
     if simulated:
         gpu.set_busy(False)
@@ -179,7 +197,7 @@ def run_shared(request: SharedRequest, *, result_path: Path | None = None) -> Sh
     previous_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     applied = True
     try:
-        with applied_power_limit([gpu], request.power_limit_w) as outcome:
+        with applied_power_limit([gpu], request.power_limit_w, lease=lease) as outcome:
             notes.extend(outcome.notes)
             trace = Path(request.trace_csv) if request.trace_csv else None
             sampler = PowerSampler(devices, request.trace_interval_s, trace) if trace else None
@@ -190,8 +208,8 @@ def run_shared(request: SharedRequest, *, result_path: Path | None = None) -> Sh
             try:
                 tell_simulated_gpu()
                 for m in members:
-                    m.child = subprocess.Popen(m.spec.command, env=_member_env(m, request, simulated),
-                                               start_new_session=True)  # fmt: skip
+                    env = pinned_env(_member_env(m, request, simulated), [gpu])
+                    m.child = start_child(m.spec.command, env, lease)
                     m.start_s, m.started_at = time.monotonic(), utcnow()
                 while any(m.running for m in members):
                     if received:
@@ -382,8 +400,11 @@ def main_from_file(request_path: Path, result_path: Path) -> int:
     request = SharedRequest.model_validate_json(Path(request_path).read_text(encoding="utf-8"))
     try:
         run = run_shared(request, result_path=result_path)
+    except GpuUnavailable as err:
+        print(f"carbonflow run-shared: {err}", file=sys.stderr)
+        return GPU_UNAVAILABLE_EXIT
     except Terminated as err:
-        print(f"carbonflow run-shared: {err}; power limits restored", file=__import__("sys").stderr)
+        print(f"carbonflow run-shared: {err}; power limits restored", file=sys.stderr)
         return 128 + err.signum
     codes = [r.exit_code for r in run.members if r.exit_code != SEPARATED_EXIT_CODE]
     return next((c for c in codes if c != 0), 0)

@@ -24,8 +24,11 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from carbonflow.energy.discovery import discover_devices
+from carbonflow.energy.lease import GpuLeaseSet
 from carbonflow.energy.monitor import EnergyMonitor, PowerSampler
 from carbonflow.energy.power_limit import applied_power_limit
+from carbonflow.execution.errors import GPU_UNAVAILABLE_EXIT, GpuUnavailable
+from carbonflow.execution.gpus import lease_run_gpus, pinned_env, start_child
 from carbonflow.models import DeviceEnergy, JobSpec, Plan, UtcDatetime, utcnow
 from carbonflow.training import (
     MAX_STEPS_ENV,
@@ -223,8 +226,36 @@ def run_wrapped(
         raise ValueError("command is empty; give the training command after '--'")
     found = discover_devices(spec.simulated_gpu, include_cpu=True)
     all_gpus = [d for d in found if d.kind == "gpu"]
-    # One GPU per container, as CUDA_VISIBLE_DEVICES would give them; only those are measured.
-    gpus = all_gpus[: plan.config.containers] if len(all_gpus) > plan.config.containers else all_gpus
+    # One free GPU per container, leased for the wrapper's whole life; only those are capped and measured.
+    gpus, lease = lease_run_gpus(all_gpus, plan.config.containers)
+    try:
+        return _run_on(spec, plan, command, found, all_gpus, gpus, lease, result_path=result_path,
+                       trace_csv=trace_csv, trace_interval_s=trace_interval_s, profile_steps=profile_steps,
+                       warmup_steps=warmup_steps, sweep_limits_w=sweep_limits_w,
+                       stop_below_fraction=stop_below_fraction, output_dir=output_dir)  # fmt: skip
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _run_on(
+    spec: JobSpec,
+    plan: Plan,
+    command: list[str],
+    found: list[Any],
+    all_gpus: list[Any],
+    gpus: list[Any],
+    lease: GpuLeaseSet | None,
+    *,
+    result_path: Path | None,
+    trace_csv: Path | None,
+    trace_interval_s: float,
+    profile_steps: int | None,
+    warmup_steps: int,
+    sweep_limits_w: list[float] | None,
+    stop_below_fraction: float | None,
+    output_dir: Path | None,
+) -> WrappedRun:
     devices = [*gpus, *(d for d in found if d.kind != "gpu")]
     _set_busy(all_gpus, False)  # a simulated GPU accrues energy only while the training works
     monitor = EnergyMonitor(devices)
@@ -242,6 +273,7 @@ def run_wrapped(
     env = training_env(
         spec, progress.path, out_dir, stop_file, sweep.total_steps() if sweep is not None else None, slowdown_file
     )
+    env = pinned_env(env, gpus)
 
     received: list[int] = []
 
@@ -256,7 +288,7 @@ def run_wrapped(
     child: subprocess.Popen[bytes] | None = None
     first_limit = sweep.limit_w if sweep is not None else plan.config.power_limit_w
     try:
-        with applied_power_limit(gpus, first_limit) as outcome:
+        with applied_power_limit(gpus, first_limit, lease=lease) as outcome:
             notes.extend(outcome.notes)
             _apply_limit(gpus, None, slowdown_file, notes)
             sampler = PowerSampler(devices, trace_interval_s, trace_csv) if trace_csv else None
@@ -264,7 +296,7 @@ def run_wrapped(
                 sampler.__enter__()
             monitor.begin_window("run")
             try:
-                child = subprocess.Popen(command, env=env, start_new_session=True)
+                child = start_child(command, env, lease)
                 busy = False
                 while True:
                     if received:
@@ -409,6 +441,9 @@ def main_from_files(job_path: Path, plan_path: Path, result_path: Path, command:
     plan = Plan.model_validate_json(Path(plan_path).read_text(encoding="utf-8"))
     try:
         wrapped = run_wrapped(spec, plan, command, result_path=result_path, **kwargs)  # type: ignore[arg-type]
+    except GpuUnavailable as err:
+        print(f"carbonflow run: {err}", file=sys.stderr)
+        return GPU_UNAVAILABLE_EXIT
     except Terminated as err:
         print(f"carbonflow run: {err}; power limits restored", file=sys.stderr)
         return 128 + err.signum

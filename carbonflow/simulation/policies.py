@@ -35,8 +35,6 @@ from __future__ import annotations
 import math
 from collections import deque
 
-import numpy as np
-
 from carbonflow.carbon.windows import choose_start, search_starts
 from carbonflow.planning import (
     CapacityLedger,
@@ -263,12 +261,11 @@ class PlannerPolicy(FifoPolicy):
             step_s=step,
             delay_cost_per_s=self.delay_cost_g_per_s / max(kwh, 1e-12),
         )
-        start = now_s
-        for k in np.lexsort((found.start_s, np.round(found.score_gco2_per_kwh, 9))):
-            s = now_s + float(found.start_s[k])
-            if s == now_s or busy + ledger.peak_gpus(s, s + run_s) + g <= ledger.total_gpus:
-                start = s  # the cheapest start with spare capacity then (deferring into congestion only queues)
-                break
+        # the cheapest start with spare capacity then (deferring into congestion only queues); now always fits
+        k = found.first_that(
+            lambda off: off == 0.0 or busy + ledger.peak_gpus(now_s + off, now_s + off + run_s) + g <= ledger.total_gpus
+        )
+        start = now_s if k is None else now_s + float(found.start_s[k])
         if start > now_s:
             self.booked[job] = (start, start + run_s, g)
             ledger.add(start, start + run_s, g)

@@ -59,3 +59,11 @@ def journal_dir(tmp_path, monkeypatch) -> Path:
     d = tmp_path / "journal"
     monkeypatch.setenv("CARBONFLOW_POWER_JOURNAL_DIR", str(d))
     return d
+
+
+@pytest.fixture(autouse=True)
+def gpu_lease_dir(tmp_path, monkeypatch) -> Path:
+    """Each test its own node-wide lease directory (a node's GPUs are leased in one place)."""
+    d = tmp_path / "gpu-leases"
+    monkeypatch.setenv("CARBONFLOW_GPU_LEASE_DIR", str(d))
+    return d

@@ -33,13 +33,15 @@ def test_normal_exit_restores_every_gpu(fake_nvml, journal_dir):
     with applied_power_limit(gpus, 175) as outcome:
         assert outcome.applied
         assert fake_nvml.limits_mw() == [175000] * 4
-        journal = json.loads(Path(outcome.journal_path).read_text())
-        assert {d["id"]: d["previous_w"] for d in journal["devices"]} == {
+        journals = [json.loads(Path(p).read_text()) for p in outcome.journal_paths]
+        assert {j["gpu_uuid"]: j["previous_w"] for j in journals} == {
             g.id: b / 1000 for g, b in zip(gpus, before, strict=True)
         }
+        assert {j["format_version"] for j in journals} == {2}
+        assert [Path(p).name for p in outcome.journal_paths] == [f"{g.id}.json" for g in gpus]
     assert fake_nvml.limits_mw() == before
     assert outcome.restored is True
-    assert not Path(outcome.journal_path).exists()
+    assert not any(Path(p).exists() for p in outcome.journal_paths)
 
 
 def test_exception_restores(fake_nvml, journal_dir):
@@ -151,12 +153,12 @@ def test_restore_failure_is_loud_and_journal_allows_later_restore(fake_nvml, jou
     assert "POWER LIMIT NOT RESTORED" in caplog.text
     assert "POWER LIMIT NOT RESTORED" in capsys.readouterr().err
     assert fake_nvml.limits_mw() == [200000, 300000]
-    journal = Path(outcome.journal_path)
-    assert journal.exists()
+    journals = [Path(p) for p in outcome.journal_paths]
+    assert all(j.exists() for j in journals)
     fake_nvml.update(0, set_failures=0)
-    restored = restore_from_journal(journal, nvml_devices())
+    restored = {k: v for j in journals for k, v in restore_from_journal(j, nvml_devices()).items()}
     assert fake_nvml.limits_mw() == before
-    assert len(restored) == 2 and not journal.exists()
+    assert len(restored) == 2 and not any(j.exists() for j in journals)
 
 
 def test_restore_from_journal_missing_gpu_raises(fake_nvml, tmp_path):
@@ -168,7 +170,7 @@ def test_restore_from_journal_missing_gpu_raises(fake_nvml, tmp_path):
     assert path.exists()
 
 
-def test_next_run_repairs_what_a_crashed_run_left(fake_nvml, journal_dir):
+def test_next_run_repairs_what_a_crashed_0_1_0_run_left(fake_nvml, journal_dir):
     fake_nvml.setup([{}, {}, {"limit_mw": 250000}])
     gpus = nvml_devices()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -205,7 +207,7 @@ def test_simulated_gpus_restored(journal_dir):
         assert [g.power_limit_w() for g in gpus] == [150, 150]
         assert gpus[0].slowdown_factor() > 1
     assert outcome.applied and [g.power_limit_w() for g in gpus] == [300, 300]
-    assert outcome.journal_path is None  # nothing outlives the process for a simulated GPU
+    assert outcome.journal_paths == []  # nothing outlives the process for a simulated GPU
 
 
 # ---- across processes: the wrapper-like driver with the fake driver state shared through a file ----
@@ -268,7 +270,7 @@ def test_wrapper_killed_then_restored_from_journal(fake_nvml, journal_dir):
     os.kill(child_pid, signal.SIGKILL)
     proc.communicate(timeout=10)
     assert fake_nvml.limits_mw() == [160000] * 4
-    assert len(list(journal_dir.glob("*.json"))) == 1
+    assert len(list(journal_dir.glob("*.json"))) == 4  # one per GPU
     done = subprocess.run(
         [sys.executable, "-m", "carbonflow.energy.power_limit", "restore"],
         env=_env(fake_nvml, journal_dir),

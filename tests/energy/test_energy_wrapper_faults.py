@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("carbonflow.execution.wrapper")
-
 from carbonflow.models import Config, JobSpec, Plan
 
 REPO = Path(__file__).resolve().parents[2]

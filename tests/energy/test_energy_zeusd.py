@@ -54,18 +54,10 @@ def _handler(state: FakeZeusd):
                 return self._send(
                     200,
                     {
-                        "gpus": [
-                            {
-                                "id": i,
-                                "name": g["name"],
-                                "pci_address": f"0000:{i:02x}:00.0",
-                                "cumulative_energy_available": True,
-                            }
-                            for i, g in enumerate(state.gpus)
-                        ],
-                        "cpus": [],
+                        "gpu_ids": list(range(len(state.gpus))),
+                        "cpu_ids": [],
+                        "dram_available": [],
                         "enabled_api_groups": list(state.groups),
-                        "auth_required": state.token is not None,
                     },
                 )
             if state.token is not None and self.headers.get("Authorization") != f"Bearer {state.token}":
@@ -155,7 +147,7 @@ def _gpus(n: int = 2) -> list[dict]:
 def test_reads_convert_units(zeusd_server):
     sock = zeusd_server(FakeZeusd(_gpus()))
     client = ZeusdClient(sock)
-    assert [g["name"] for g in client.discover()["gpus"]] == ["NVIDIA A40", "NVIDIA A40"]
+    assert client.discover()["gpu_ids"] == [0, 1]
     assert client.get_power_limit_w() == {0: 300.0, 1: 300.0}
     assert client.get_power_limit_constraints_w([1]) == {1: (100.0, 300.0)}
     assert client.get_cumulative_energy_j([0, 1]) == {0: 123.456, 1: 246.912}

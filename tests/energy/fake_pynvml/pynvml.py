@@ -148,6 +148,25 @@ def _state(write: bool = True):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _container_view(state: dict[str, Any]) -> list[int]:
+    """Host indices of the GPUs this process's NVML enumerates.
+
+    On the host NVML sees every GPU. In a container the NVIDIA runtime exposes only the GPUs given to it
+    (``FAKE_NVML_CONTAINER_GPUS``: their host UUIDs) and NVML numbers them 0..k-1 there, so a container
+    index is not a host index: what zeusd on the host would be told must be mapped by UUID.
+    """
+    exposed = os.environ.get("FAKE_NVML_CONTAINER_GPUS")
+    if exposed is None:
+        return list(range(len(state["devices"])))
+    by_uuid = {dev["uuid"]: i for i, dev in enumerate(state["devices"])}
+    return [by_uuid[u] for u in exposed.split(",") if u in by_uuid]
+
+
+def _privileged() -> bool:
+    """Changing a power limit needs CAP_SYS_ADMIN: ``FAKE_NVML_UNPRIVILEGED=1`` plays a process without it."""
+    return os.environ.get("FAKE_NVML_UNPRIVILEGED", "") != "1"
+
+
 def _check_init() -> None:
     if _initialised <= 0:
         raise NVMLError(NVML_ERROR_UNINITIALIZED)
@@ -191,15 +210,16 @@ def nvmlShutdown() -> None:
 def nvmlDeviceGetCount() -> int:
     _check_init()
     with _state(write=False) as state:
-        return len(state["devices"])
+        return len(_container_view(state))
 
 
 def nvmlDeviceGetHandleByIndex(index: int) -> c_nvmlDevice_t:
     _check_init()
     with _state(write=False) as state:
-        if not 0 <= index < len(state["devices"]):
+        view = _container_view(state)
+        if not 0 <= index < len(view):
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-    return c_nvmlDevice_t(index)
+    return c_nvmlDevice_t(view[index])
 
 
 def nvmlDeviceGetHandleByUUID(uuid: str | bytes) -> c_nvmlDevice_t:
@@ -207,6 +227,8 @@ def nvmlDeviceGetHandleByUUID(uuid: str | bytes) -> c_nvmlDevice_t:
     uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
     with _state(write=False) as state:
         for i, dev in enumerate(state["devices"]):
+            if i not in _container_view(state):
+                continue
             if dev["uuid"] == uuid:
                 return c_nvmlDevice_t(i)
             if uuid in dev.get("mig_devices", []):
@@ -228,7 +250,7 @@ def nvmlDeviceGetName(handle: c_nvmlDevice_t) -> str:
 def nvmlDeviceGetIndex(handle: c_nvmlDevice_t) -> int:
     with _state(write=False) as state:
         _device(state, handle)
-    return handle.index
+        return _container_view(state).index(handle.index)
 
 
 def nvmlDeviceGetArchitecture(handle: c_nvmlDevice_t) -> int:
@@ -301,7 +323,7 @@ def nvmlDeviceSetPowerManagementLimit(handle: c_nvmlDevice_t, limit: int) -> Non
     error = None
     with _state() as state:
         dev = _limits_dev(state, handle)
-        if not dev.get("set_permission", True):
+        if not dev.get("set_permission", True) or not _privileged():
             raise NVMLError(NVML_ERROR_NO_PERMISSION)
         if dev.get("set_failures", 0) > 0:  # transient driver failure: recorded, then raised
             dev["set_failures"] -= 1
@@ -317,6 +339,24 @@ def nvmlDeviceSetPowerManagementLimit(handle: c_nvmlDevice_t, limit: int) -> Non
 
 
 # ---- helpers for tests (not part of pynvml) --------------------------------------------------
+
+
+def host_set_power_limit(path: str, host_index: int, limit_mw: int, caller: str = "zeusd") -> None:
+    """What a privileged host process (zeusd) does: set a GPU's limit by its *host* index."""
+    old = os.environ.get("FAKE_PYNVML_STATE")
+    os.environ["FAKE_PYNVML_STATE"] = path
+    try:
+        with _state() as state:
+            dev = state["devices"][host_index]
+            if not dev["min_limit_mw"] <= limit_mw <= dev["max_limit_mw"]:
+                raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+            dev["limit_mw"] = int(limit_mw)
+            state.setdefault("set_calls", []).append([dev["uuid"], int(limit_mw), os.getpid(), caller])
+    finally:
+        if old is None:
+            os.environ.pop("FAKE_PYNVML_STATE", None)
+        else:
+            os.environ["FAKE_PYNVML_STATE"] = old
 
 
 def make_state(path: str, devices: list[dict[str, Any]], library: str = "present") -> dict[str, Any]:

@@ -1,0 +1,160 @@
+"""Exclusive GPU leases: one wrapper (and the training it starts) per GPU, released by the kernel on death.
+
+A lease is an exclusive ``flock`` on ``<lease dir>/<GPU UUID>.lock``. The wrapper takes the leases of the
+GPUs it caps or measures before it touches them and holds them for its whole life; the training child
+inherits the lock's file descriptors, so the GPU stays leased while any process of that training lives,
+even an orphan whose wrapper was SIGKILLed. When the last holder exits — cleanly, by a signal, by the OOM
+killer — the kernel drops the lock: no lease outlives its processes, and none needs cleaning up.
+
+That makes the lease the liveness test of everything else: a power-limit journal of a GPU whose lease a
+new wrapper now holds was left by a run that is gone, and is repaired at once.
+
+The lease directory must be the same for every wrapper on a node (``CARBONFLOW_GPU_LEASE_DIR``; default
+``$CARBONFLOW_HOME/gpu-leases``, else ``~/.carbonflow/gpu-leases``) and on a local filesystem (``flock``
+on NFS is not reliable).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from carbonflow.contract import GPU_LEASE_DIR_ENV
+from carbonflow.energy.errors import GpuLeaseUnavailable
+
+POLL_S = 0.2
+
+
+def carbonflow_state_dir() -> Path:
+    """``$CARBONFLOW_HOME`` if set, else ``~/.carbonflow``: where node-local state lives by default."""
+    home = os.environ.get("CARBONFLOW_HOME")
+    return Path(home) if home else Path.home() / ".carbonflow"
+
+
+def lease_dir() -> Path:
+    """The node-wide lease directory (see the module docstring)."""
+    env = os.environ.get(GPU_LEASE_DIR_ENV)
+    return Path(env) if env else carbonflow_state_dir() / "gpu-leases"
+
+
+def _lock_path(directory: Path, gpu_uuid: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in gpu_uuid)
+    return directory / f"{safe}.lock"
+
+
+def _try_lock(path: Path) -> int | None:
+    """An fd holding an exclusive flock on ``path``, or None when another process holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return None
+        raise
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def lease_holder_pid(gpu_uuid: str, directory: Path | None = None) -> int | None:
+    """The pid of the wrapper that took the lease (informative: its children may hold it after it died)."""
+    try:
+        text = _lock_path(directory or lease_dir(), gpu_uuid).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def lease_is_held(gpu_uuid: str, directory: Path | None = None) -> bool:
+    """Whether some living process holds ``gpu_uuid``'s lease (this process's own leases count)."""
+    fd = _try_lock(_lock_path(directory or lease_dir(), gpu_uuid))
+    if fd is None:
+        return True
+    os.close(fd)
+    return False
+
+
+@dataclass
+class GpuLeaseSet:
+    """Leases held by this process; ``fds`` are inherited by a child started with ``pass_fds=lease.fds``."""
+
+    uuids: list[str]
+    directory: Path
+    fds: list[int] = field(default_factory=list)
+
+    def release(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds = []
+
+    def __enter__(self) -> GpuLeaseSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _take_free(candidates: Sequence[str], count: int, directory: Path) -> GpuLeaseSet | None:
+    taken = GpuLeaseSet([], directory)
+    for gpu_uuid in candidates:
+        fd = _try_lock(_lock_path(directory, gpu_uuid))
+        if fd is not None:
+            taken.uuids.append(gpu_uuid)
+            taken.fds.append(fd)
+            if len(taken.uuids) == count:
+                return taken
+    taken.release()
+    return None
+
+
+def acquire_gpus(
+    candidates: Sequence[str], count: int, *, wait_s: float = 0.0, directory: Path | None = None
+) -> GpuLeaseSet:
+    """Lease ``count`` of the GPUs named in ``candidates`` (UUIDs, in order of preference).
+
+    Waits up to ``wait_s`` for enough of them to be free; then raises :class:`GpuLeaseUnavailable` naming the
+    GPUs and who holds them. Never returns fewer than ``count``.
+    """
+    if count < 1 or count > len(candidates):
+        raise GpuLeaseUnavailable(
+            f"containers={count}: this node has {len(candidates)} GPU(s) for carbonflow ({', '.join(candidates)})"
+        )
+    directory = directory or lease_dir()
+    deadline = time.monotonic() + wait_s
+    while True:
+        taken = _take_free(candidates, count, directory)
+        if taken is not None:
+            return taken
+        if time.monotonic() >= deadline:
+            raise GpuLeaseUnavailable(_busy_message(candidates, count, wait_s, directory))
+        time.sleep(POLL_S)
+
+
+def _busy_message(candidates: Sequence[str], count: int, wait_s: float, directory: Path) -> str:
+    held = [f"{u} (leased by pid {lease_holder_pid(u, directory)})" for u in candidates if lease_is_held(u, directory)]
+    return (
+        f"no {count} free GPU(s) after waiting {wait_s:g} s: {len(held)} of {len(candidates)} are leased by other "
+        f"carbonflow runs: {', '.join(held)}. A GPU is never shared by accident; raise the wait "
+        f"(CARBONFLOW_GPU_WAIT_S) or give the night fewer parallel runs (lease dir {directory})"
+    )
+
+
+@contextlib.contextmanager
+def leased_gpus(
+    candidates: Sequence[str], count: int, *, wait_s: float = 0.0, directory: Path | None = None
+) -> Iterator[GpuLeaseSet]:
+    """Context manager form of :func:`acquire_gpus`; the leases are released on exit."""
+    lease = acquire_gpus(candidates, count, wait_s=wait_s, directory=directory)
+    try:
+        yield lease
+    finally:
+        lease.release()
