@@ -577,7 +577,7 @@ def run_trace(region: str, path: Path, tz: str, nights: int, every: int, seed: i
     for key, t in tallies.items():
         out[key] = {
             "emissions_kg": t.emissions_g / 1000,
-            "energy_kwh": t.energy_j / 3.6e6,
+            "energy_kwh": t.energy_j / J_PER_KWH,
             "carbon_reduction": 1 - t.emissions_g / base.emissions_g,
             "energy_reduction": 1 - t.energy_j / base.energy_j,
             "deadline_misses": t.misses,

@@ -83,13 +83,12 @@ from carbonflow.models import (
 )
 from carbonflow.planning.costs import (
     Reference,
-    emissions_g,
-    objective_costs,
     pareto_front,
 )
 from carbonflow.planning.learning import BatchSizeExplorer, JobHistory, RunCostModel, RunRecord
+from carbonflow.planning.objectives import SlowdownConstraint, objective_for
 from carbonflow.planning.saving import saving_fraction, saving_phrase
-from carbonflow.units import J_PER_KWH
+from carbonflow.units import J_PER_KWH, emissions_g_from
 
 _EPS = 1e-9
 DEADLINE_EPOCH_MARGIN = 1.5
@@ -461,7 +460,8 @@ def plan_job(
     en = energies[cfg_idx]
     em = en / J_PER_KWH * mean_ci
     em_rank = en / J_PER_KWH * score_ci
-    cost = objective_costs(objective, en, dur, em_rank, ref)
+    selector = objective_for(objective)
+    cost = selector.cost(en, dur, em_rank, ref)
     feasible = within[cfg_idx] | forced
     # Quantise costs so float noise never decides; then the documented tie-breaks.
     scale = max(float(np.max(np.abs(cost))), 1e-300)
@@ -508,17 +508,15 @@ def plan_job(
             if squeezed[i]:
                 why = "no room before finish_by for the most epochs it is likely to need (see deadline_epochs)"
             ci0 = _run_now_ci(forecast, now, float(durations[i]))
-            e0 = emissions_g(energies[i], ci0)
-            c0 = float(objective_costs(objective, energies[i : i + 1], durations[i : i + 1], np.array([e0]), ref)[0])
+            e0 = emissions_g_from(energies[i], ci0)
+            c0 = float(selector.cost(energies[i : i + 1], durations[i : i + 1], np.array([e0]), ref)[0])
             alternatives.append(alt(i, 0.0, e0, c0, False, why))
 
     # Baseline: the reference configuration started now.
     base_ci = _run_now_ci(forecast, now, ref_c.duration_s)
-    base_em = emissions_g(ref_c.energy_j, base_ci)
+    base_em = emissions_g_from(ref_c.energy_j, base_ci)
     one = np.array
-    base_cost = float(
-        objective_costs(objective, one([ref_c.energy_j]), one([ref_c.duration_s]), one([base_em]), ref)[0]
-    )
+    base_cost = float(selector.cost(one([ref_c.energy_j]), one([ref_c.duration_s]), one([base_em]), ref)[0])
     base_ok = finish_by_s is None or ref_c.duration_s <= finish_by_s + _EPS
     baseline = PlanAlternative(
         config=ref_c.config,
@@ -703,9 +701,9 @@ def choose_power_limit(
         int(np.argmax(pls)) if default_power_limit_w is None else int(np.argmin(np.abs(pls - default_power_limit_w)))
     )
     ref = Reference(energy_j=float(e[ref_i]), time_s=float(t[ref_i]), max_power_w=float(max_power_w or pls.max()))
-    obj = "energy" if parse_objective(objective)[0] == "carbon" else objective
-    cost = objective_costs(obj, e, t, e, ref)
-    ok = np.ones(len(pls), dtype=bool) if max_slowdown is None else t <= ref.time_s * (1 + max_slowdown) * (1 + _EPS)
+    obj = objective_for("energy" if parse_objective(objective)[0] == "carbon" else objective)
+    cost = obj.cost(e, t, e, ref)
+    ok = SlowdownConstraint(max_slowdown).allowed(t, ref)
     scale = max(float(np.max(np.abs(cost))), 1e-300)
     order = np.lexsort((-pls, np.round(cost / scale, 12), ~ok))
     return float(pls[int(order[0])])
