@@ -35,7 +35,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from carbonflow.carbon.calibration import CALIBRATION_PATH, default_error_model  # noqa: E402
+from carbonflow.carbon.calibration import default_error_model, sample_biased  # noqa: E402
 from carbonflow.carbon.replay import NESO_ACTUALS, NESO_FW48H  # noqa: E402
 from carbonflow.carbon.traces import Trace, load_trace  # noqa: E402
 from carbonflow.carbon.windows import (  # noqa: E402
@@ -67,34 +67,6 @@ ERROR_PROVIDERS = ("neso-gb-national", "carboncast-us-ciso")
 JOBS_H = (1, 2, 4)
 SLACKS_H = (6, 12, 24)
 OUT = ROOT / "benchmarks" / "results" / "carbon_windows.json"
-
-
-def provider_error(which: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """(lead bin upper edges h, relative bias, relative spread about the bias, phi per hour) of one provider's
-    calibration in ``carbonflow/carbon/data/error_calibration.json``; bins without data hold the last known."""
-    doc = json.loads(CALIBRATION_PATH.read_text())["sources"][which]
-    edges = np.asarray(doc["lead_edges_h"][1:], dtype=float)
-    bias, rmse = [], []
-    for b, r in zip(doc["rel_bias"], doc["rel_rmse"], strict=True):
-        bias.append(bias[-1] if b is None else b)
-        rmse.append(rmse[-1] if r is None else r)
-    bias_a, rmse_a = np.asarray(bias), np.asarray(rmse)
-    return edges, bias_a, np.sqrt(np.maximum(rmse_a**2 - bias_a**2, 0.0)), float(doc["phi_per_h"])
-
-
-def sample_biased(actual: np.ndarray, lead_h: np.ndarray, slot_h: float, which: str, rng) -> np.ndarray:
-    """Synthetic forecasts ``actual x (1 + bias(lead) + spread(lead) z)``, z an AR(1) along the lead time, with
-    the bias, spread and correlation one provider's published forecasts showed."""
-    edges, bias, spread, phi_h = provider_error(which)
-    i = np.clip(np.searchsorted(edges, lead_h, side="left"), 0, len(edges) - 1)
-    actual = np.atleast_2d(actual)
-    phi = phi_h**slot_h
-    innov = rng.standard_normal(actual.shape)
-    z = np.empty_like(innov)
-    z[:, 0] = innov[:, 0]
-    for k in range(1, actual.shape[1]):
-        z[:, k] = phi * z[:, k - 1] + np.sqrt(1 - phi * phi) * innov[:, k]
-    return np.clip(actual * (1.0 + bias[i][None, :] + spread[i][None, :] * z), 0.0, None)
 
 
 def per_start(run_now: np.ndarray, chosen: np.ndarray) -> dict:

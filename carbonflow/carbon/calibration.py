@@ -20,8 +20,10 @@ import pandas as pd
 
 DATA_DIR = Path(__file__).parent / "data"
 CALIBRATION_PATH = DATA_DIR / "error_calibration.json"
-NESO_FW48H = DATA_DIR / "uk-neso-forecast-vs-actual" / (
-    "gb_national_fw48h_forecast_vs_actual_issued_2023-03-14_to_2023-03-17.csv"
+NESO_FW48H = (
+    DATA_DIR
+    / "uk-neso-forecast-vs-actual"
+    / ("gb_national_fw48h_forecast_vs_actual_issued_2023-03-14_to_2023-03-17.csv")
 )
 SHARED_CARBONCAST = Path("/work/shared/data/carbon/carboncast-forecast-vs-actual") / (
     "US-CISO_lifecycle_96h_forecast_vs_actual_2021-07-01_to_2021-07-11.csv"
@@ -57,9 +59,7 @@ class LeadTimeErrorModel:
             for hi, mae in zip(self.lead_edges_h[1:], self.rel_mae, strict=True)
         }
 
-    def sample(
-        self, actual: np.ndarray, lead_h: np.ndarray, slot_h: float, rng: np.random.Generator
-    ) -> np.ndarray:
+    def sample(self, actual: np.ndarray, lead_h: np.ndarray, slot_h: float, rng: np.random.Generator) -> np.ndarray:
         """Synthetic forecasts: ``actual`` (n x H) times (1 + sigma(lead) * z), z an AR(1) along the H axis."""
         actual = np.atleast_2d(np.asarray(actual, dtype=float))
         n, horizon = actual.shape
@@ -157,6 +157,34 @@ def compute(neso: Path = NESO_FW48H, carboncast: Path | None = SHARED_CARBONCAST
         "sources": sources,
         "pooled": pool(sources),
     }
+
+
+def provider_error(which: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """(lead bin upper edges h, relative bias, relative spread about the bias, phi per hour) of one provider's
+    calibration in ``carbonflow/carbon/data/error_calibration.json``; bins without data hold the last known."""
+    doc = json.loads(CALIBRATION_PATH.read_text())["sources"][which]
+    edges = np.asarray(doc["lead_edges_h"][1:], dtype=float)
+    bias, rmse = [], []
+    for b, r in zip(doc["rel_bias"], doc["rel_rmse"], strict=True):
+        bias.append(bias[-1] if b is None else b)
+        rmse.append(rmse[-1] if r is None else r)
+    bias_a, rmse_a = np.asarray(bias), np.asarray(rmse)
+    return edges, bias_a, np.sqrt(np.maximum(rmse_a**2 - bias_a**2, 0.0)), float(doc["phi_per_h"])
+
+
+def sample_biased(actual: np.ndarray, lead_h: np.ndarray, slot_h: float, which: str, rng) -> np.ndarray:
+    """Synthetic forecasts ``actual x (1 + bias(lead) + spread(lead) z)``, z an AR(1) along the lead time, with
+    the bias, spread and correlation one provider's published forecasts showed."""
+    edges, bias, spread, phi_h = provider_error(which)
+    i = np.clip(np.searchsorted(edges, lead_h, side="left"), 0, len(edges) - 1)
+    actual = np.atleast_2d(actual)
+    phi = phi_h**slot_h
+    innov = rng.standard_normal(actual.shape)
+    z = np.empty_like(innov)
+    z[:, 0] = innov[:, 0]
+    for k in range(1, actual.shape[1]):
+        z[:, k] = phi * z[:, k - 1] + np.sqrt(1 - phi * phi) * innov[:, k]
+    return np.clip(actual * (1.0 + bias[i][None, :] + spread[i][None, :] * z), 0.0, None)
 
 
 def model_from(doc: dict, which: str = "pooled") -> LeadTimeErrorModel:
