@@ -330,6 +330,45 @@ def _hm(when: datetime) -> str:
     return when.strftime("%H:%M")
 
 
+@dataclass
+class _Tonight:
+    """What plan_job works on: tonight's candidate configurations and everything known about them."""
+
+    candidates: list[Candidate]
+    ref_c: Candidate
+    ref: Reference
+    margin: np.ndarray | None
+    notes: list[str]
+
+    @property
+    def durations(self) -> np.ndarray:
+        return _durations(self.candidates)
+
+    @property
+    def energies(self) -> np.ndarray:
+        return np.array([c.energy_j for c in self.candidates], dtype=float)
+
+    @property
+    def within(self) -> np.ndarray:
+        return np.array([c.within_slowdown for c in self.candidates], dtype=bool)
+
+
+@dataclass
+class _Choice:
+    """The ranked (configuration, start) candidates and the chosen one."""
+
+    cfg_idx: np.ndarray
+    start_s: np.ndarray
+    em: np.ndarray
+    cost: np.ndarray
+    feasible: np.ndarray
+    order: np.ndarray
+
+    @property
+    def best(self) -> int:
+        return int(self.order[0])
+
+
 def plan_job(
     spec: JobSpec,
     profile: Profile,
@@ -342,11 +381,13 @@ def plan_job(
     early_stop: bool = False,
     intensity_history: Sequence[ForecastPoint] | None = None,
 ) -> Plan:
-    """Choose configuration and start jointly for one job (see the module docstring).
+    """Choose configuration and start jointly for one job (see the module docstring): candidates →
+    predictions → start search → choice → reason.
 
     ``early_stop=True``: the caller stops a run of a target-trained job once it has spent the batch-size
     explorer's :meth:`~carbonflow.planning.learning.BatchSizeExplorer.stop_threshold` and reruns it at once at
     the best known batch size; the deadline margin then counts on that stop and reserves time for the rerun.
+    ``intensity_history``: recent actual intensity, which makes the start search robust (see module doc).
     """
     _utc("now", now)
     if on_infeasible not in ("raise", "fastest"):
@@ -355,184 +396,26 @@ def plan_job(
         raise DeadlineError(f"finish_by={spec.finish_by.isoformat()} is not after now={now.isoformat()}")
     if forecast is not None and not forecast.points:
         forecast = None
-    objective = spec.objective
-    name, _ = parse_objective(objective)
-    notes: list[str] = []
-    if forecast is None and name == "carbon":
-        objective = "energy"
-        notes.append("no forecast: starts now, carbon objective planned as energy")
-    elif forecast is None:
-        notes.append("no forecast: starts now")
-
-    candidates, ref_c, ref = predict_candidates(spec, profile, history)
-    explorer = batch_size_explorer(spec, profile, history)
-    limit_s = (spec.finish_by - now).total_seconds() if spec.finish_by is not None else float("inf")
-    margin_all, reserve_s = _deadline_factors(spec, profile, history, candidates, explorer if early_stop else None)
-    if explorer is not None:
-        assert history is not None
-        learned_bs = explorer.choose(np.random.default_rng([0, explorer.runs]))  # = choose_batch_size(seed=0)
-        margins = margin_all if margin_all is not None else np.ones(len(candidates))
-
-        def fits(bs: int) -> bool:
-            """Some configuration of this batch size keeps the slowdown bound and, with its deadline margin
-            (and, for an untried size, the time to rerun at the best known size after an early stop), finish_by."""
-            return any(
-                c.within_slowdown and c.duration_s * m + reserve_s.get(bs, 0.0) <= limit_s + _EPS
-                for c, m in zip(candidates, margins, strict=True)
-                if _bs(c, spec) == bs
-            )
-
-        runs = len(history.for_job(spec.name))
-        if fits(learned_bs):
-            notes.append(f"batch size {learned_bs} learned across {runs} runs")
-        else:
-            fallback = explorer.best_mean()[0]
-            if not fits(fallback):
-                fallback = _bs(ref_c, spec)
-            notes.append(f"batch size {learned_bs} does not fit the slowdown bound or finish_by tonight: {fallback}")
-            learned_bs = fallback
-        keep = [i for i, c in enumerate(candidates) if _bs(c, spec) == learned_bs]
-        if keep:
-            candidates = [candidates[i] for i in keep]
-            if margin_all is not None:
-                margin_all = margin_all[keep]
-            extra_s = reserve_s.get(learned_bs, 0.0)
-            if extra_s > 0 and margin_all is not None and np.all(_durations(candidates) > 0):
-                # Reserve the rerun's time after an early-stopped exploratory run: fold it into the margin.
-                margin_all = margin_all + extra_s / _durations(candidates)
-    n = len(candidates)
-    durations = np.array([c.duration_s for c in candidates])
-    energies = np.array([c.energy_j for c in candidates])
-    within = np.array([c.within_slowdown for c in candidates])
-    keys = [c.config.key() for c in candidates]
-    key_rank = np.argsort(np.argsort(np.array(keys)))  # deterministic final tie-break
-
-    finish_by_s = (spec.finish_by - now).total_seconds() if spec.finish_by is not None else None
-    horizon_end_s = (forecast.points[-1].end - now).total_seconds() if forecast is not None else 0.0
-    squeezed = np.zeros(n, dtype=bool)
-    if finish_by_s is not None:
-        latest = finish_by_s - durations
-        margin = margin_all
-        if margin is not None:  # plan the latest start for the job's likely most epochs
-            roomy = durations * margin <= finish_by_s + _EPS
-            if np.any(roomy & within):  # configurations without room for them are left out
-                squeezed = (latest >= -_EPS) & ~roomy
-                latest = np.where(roomy, finish_by_s - durations * margin, -1.0)
-            else:  # none has room: start now
-                latest = np.where(latest >= -_EPS, np.maximum(0.0, finish_by_s - durations * margin), latest)
-    elif forecast is not None:
-        latest = np.maximum(0.0, horizon_end_s - durations)
-    else:
-        latest = np.zeros(n)
-    meets_deadline_now = latest >= -_EPS
-
-    # Candidate starts of every configuration: carbonflow's one start search (carbon.windows.search_starts).
-    latest_or_none = np.where(meets_deadline_now, latest, -1.0)
-    found = (
-        search_starts(forecast, durations, now, latest_or_none, history=intensity_history, hold_edges=True)
-        if forecast is not None
-        else StartSearch(*_no_forecast_starts(latest_or_none), 0, 0.0)
-    )
-    if found.shrunk_slots:
-        notes.append("forecast checked against the recent daily profile (robust to lead-time error)")
-
-    if not found.run.size or not np.any(within & meets_deadline_now):
-        fastest = int(np.argmin(durations))
-        need = timedelta(seconds=float(durations[fastest]))
-        msg = (
-            f"finish_by={spec.finish_by.isoformat() if spec.finish_by else None} cannot be met: the fastest "
-            f"configuration ({_fmt_config(candidates[fastest].config)}) needs {need} from now={now.isoformat()}"
-        )
-        if on_infeasible == "raise":
-            raise DeadlineError(msg)
-        cfg_idx = np.array([fastest])
-        start_s = np.array([0.0])
-        mean_ci = np.array([_run_now_ci(forecast, now, float(durations[fastest]))])
-        score_ci = mean_ci
-        notes.insert(0, "DEADLINE AT RISK")
-        forced = True
-    else:
-        cfg_idx, start_s = found.run, found.start_s
-        mean_ci, score_ci = found.mean_gco2_per_kwh, found.score_gco2_per_kwh
-        forced = False
-
-    dur = durations[cfg_idx]
-    en = energies[cfg_idx]
-    em = en / J_PER_KWH * mean_ci
-    em_rank = en / J_PER_KWH * score_ci
-    selector = objective_for(objective)
-    cost = selector.cost(en, dur, em_rank, ref)
-    feasible = within[cfg_idx] | forced
-    # Quantise costs so float noise never decides; then the documented tie-breaks.
-    scale = max(float(np.max(np.abs(cost))), 1e-300)
-    qcost = np.round(cost / scale, 9)
-    em_q = np.round(em_rank / max(float(em_rank.max()), 1e-300), 9)
-    order = np.lexsort((key_rank[cfg_idx], start_s, dur, en, em_q, qcost, ~feasible))
-    best = int(order[0])
-    bi = int(cfg_idx[best])
-    chosen = candidates[bi]
-    start = now + timedelta(seconds=float(start_s[best]))
-    if forecast is not None and float(start_s[best] + dur[best]) > found.horizon_end_s + _EPS:
+    objective, notes = _objective_tonight(spec, forecast)
+    tonight = _candidates_tonight(spec, profile, history, now, early_stop, notes)  # candidates + predictions
+    latest, squeezed = _latest_starts(spec, forecast, now, tonight)
+    found = _start_search(forecast, now, tonight, latest, intensity_history)  # the one start search
+    choice = _choose(spec, forecast, now, tonight, latest, found, objective, on_infeasible)
+    chosen = tonight.candidates[int(choice.cfg_idx[choice.best])]
+    start = now + timedelta(seconds=float(choice.start_s[choice.best]))
+    if forecast is not None and float(choice.start_s[choice.best]) + chosen.duration_s > found.horizon_end_s + _EPS:
         notes.append("run ends after the forecast horizon: its last value is held")
-
-    def alt(i: int, s_off: float, e_g: float, c: float, ok: bool, why: str | None) -> PlanAlternative:
-        return PlanAlternative(
-            config=candidates[i].config,
-            start=now + timedelta(seconds=float(s_off)),
-            predicted_duration_s=float(durations[i]),
-            predicted_energy_j=float(energies[i]),
-            predicted_emissions_g=float(e_g),
-            cost=float(c),
-            feasible=ok,
-            why_not=why,
-        )
-
-    # Alternatives: best few starts per feasible configuration, one entry per infeasible one.
-    alternatives: list[PlanAlternative] = []
-    taken: dict[int, int] = {}
-    for j in order.tolist():
-        i = int(cfg_idx[j])
-        if j == best or taken.get(i, 0) >= alternatives_per_config:
-            continue
-        taken[i] = taken.get(i, 0) + 1
-        why = (
-            None
-            if feasible[j]
-            else f"slowdown {candidates[i].slowdown:+.1%} exceeds max_slowdown {spec.max_slowdown:.0%}"
-        )
-        alternatives.append(alt(i, start_s[j], em[j], cost[j], bool(feasible[j]), why))
-    for i in range(n):
-        if not meets_deadline_now[i]:
-            finish = now + timedelta(seconds=float(durations[i]))
-            why = f"finishes {finish.isoformat(timespec='minutes')} after finish_by even if started now"
-            if squeezed[i]:
-                why = "no room before finish_by for the most epochs it is likely to need (see deadline_epochs)"
-            ci0 = _run_now_ci(forecast, now, float(durations[i]))
-            e0 = emissions_g_from(energies[i], ci0)
-            c0 = float(selector.cost(energies[i : i + 1], durations[i : i + 1], np.array([e0]), ref)[0])
-            alternatives.append(alt(i, 0.0, e0, c0, False, why))
-
-    # Baseline: the reference configuration started now.
-    base_ci = _run_now_ci(forecast, now, ref_c.duration_s)
-    base_em = emissions_g_from(ref_c.energy_j, base_ci)
-    one = np.array
-    base_cost = float(selector.cost(one([ref_c.energy_j]), one([ref_c.duration_s]), one([base_em]), ref)[0])
-    base_ok = finish_by_s is None or ref_c.duration_s <= finish_by_s + _EPS
-    baseline = PlanAlternative(
-        config=ref_c.config,
-        start=now,
-        predicted_duration_s=float(ref_c.duration_s),
-        predicted_energy_j=float(ref_c.energy_j),
-        predicted_emissions_g=float(base_em),
-        cost=base_cost,
-        feasible=base_ok,
-        why_not=None if base_ok else "misses finish_by",
+    alternatives = _alternatives(
+        spec, forecast, now, tonight, latest, squeezed, choice, objective, alternatives_per_config
     )
-
-    why = _why_not_better(spec, chosen, float(em[best]), alternatives, found.shrunk_slots > 0)
+    baseline = _baseline(spec, forecast, now, tonight, objective)
+    why = _why_not_better(spec, chosen, float(choice.em[choice.best]), alternatives, found.shrunk_slots > 0)
     if why:
         notes.append(why)
-    reason = _reason(spec, chosen, start, em[best], base_em, ref_c, now, forecast is not None, notes)
+    em_best = float(choice.em[choice.best])
+    reason = _reason(
+        spec, chosen, start, em_best, baseline.predicted_emissions_g, tonight.ref_c, now, forecast is not None, notes
+    )
     return Plan(
         job=spec.name,
         config=chosen.config,
@@ -540,7 +423,7 @@ def plan_job(
         finish_by=spec.finish_by,
         predicted_duration_s=float(chosen.duration_s),
         predicted_energy_j=float(chosen.energy_j),
-        predicted_emissions_g=float(em[best]),
+        predicted_emissions_g=em_best,
         objective=spec.objective,
         region=forecast.region if forecast is not None else spec.region,
         forecast_provider=forecast.provider if forecast is not None else "none",
@@ -551,6 +434,206 @@ def plan_job(
         reason=reason,
         created_at=now,
     )
+
+
+def _objective_tonight(spec: JobSpec, forecast: Forecast | None) -> tuple[str, list[str]]:
+    """The objective planned with (carbon falls back to energy without a forecast) and the notes saying so."""
+    if forecast is None and parse_objective(spec.objective)[0] == "carbon":
+        return "energy", ["no forecast: starts now, carbon objective planned as energy"]
+    return spec.objective, [] if forecast is not None else ["no forecast: starts now"]
+
+
+def _candidates_tonight(
+    spec: JobSpec, profile: Profile, history: JobHistory | None, now: datetime, early_stop: bool, notes: list[str]
+) -> _Tonight:
+    """Candidates and their predictions; for a job learning its batch size, only tonight's batch size's."""
+    candidates, ref_c, ref = predict_candidates(spec, profile, history)
+    explorer = batch_size_explorer(spec, profile, history)
+    limit_s = (spec.finish_by - now).total_seconds() if spec.finish_by is not None else float("inf")
+    margin_all, reserve_s = _deadline_factors(spec, profile, history, candidates, explorer if early_stop else None)
+    if explorer is None:
+        return _Tonight(candidates, ref_c, ref, margin_all, notes)
+    assert history is not None
+    learned_bs = explorer.choose(np.random.default_rng([0, explorer.runs]))  # = choose_batch_size(seed=0)
+    margins = margin_all if margin_all is not None else np.ones(len(candidates))
+
+    def fits(bs: int) -> bool:
+        """Some configuration of this batch size keeps the slowdown bound and, with its deadline margin
+        (and, for an untried size, the time to rerun at the best known size after an early stop), finish_by."""
+        return any(
+            c.within_slowdown and c.duration_s * m + reserve_s.get(bs, 0.0) <= limit_s + _EPS
+            for c, m in zip(candidates, margins, strict=True)
+            if _bs(c, spec) == bs
+        )
+
+    runs = len(history.for_job(spec.name))
+    if fits(learned_bs):
+        notes.append(f"batch size {learned_bs} learned across {runs} runs")
+    else:
+        fallback = explorer.best_mean()[0]
+        if not fits(fallback):
+            fallback = _bs(ref_c, spec)
+        notes.append(f"batch size {learned_bs} does not fit the slowdown bound or finish_by tonight: {fallback}")
+        learned_bs = fallback
+    keep = [i for i, c in enumerate(candidates) if _bs(c, spec) == learned_bs]
+    if keep:
+        candidates = [candidates[i] for i in keep]
+        if margin_all is not None:
+            margin_all = margin_all[keep]
+        extra_s = reserve_s.get(learned_bs, 0.0)
+        if extra_s > 0 and margin_all is not None and np.all(_durations(candidates) > 0):
+            # Reserve the rerun's time after an early-stopped exploratory run: fold it into the margin.
+            margin_all = margin_all + extra_s / _durations(candidates)
+    return _Tonight(candidates, ref_c, ref, margin_all, notes)
+
+
+def _latest_starts(
+    spec: JobSpec, forecast: Forecast | None, now: datetime, tonight: _Tonight
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per candidate the latest start (s after now; < 0: cannot meet finish_by even now) and whether it was left
+    out for want of room for its likely most epochs."""
+    durations, within, n = tonight.durations, tonight.within, len(tonight.candidates)
+    squeezed = np.zeros(n, dtype=bool)
+    if spec.finish_by is not None:
+        finish_by_s = (spec.finish_by - now).total_seconds()
+        latest = finish_by_s - durations
+        margin = tonight.margin
+        if margin is not None:  # plan the latest start for the job's likely most epochs
+            roomy = durations * margin <= finish_by_s + _EPS
+            if np.any(roomy & within):  # configurations without room for them are left out
+                squeezed = (latest >= -_EPS) & ~roomy
+                latest = np.where(roomy, finish_by_s - durations * margin, -1.0)
+            else:  # none has room: start now
+                latest = np.where(latest >= -_EPS, np.maximum(0.0, finish_by_s - durations * margin), latest)
+        return latest, squeezed
+    if forecast is not None:
+        return np.maximum(0.0, (forecast.points[-1].end - now).total_seconds() - durations), squeezed
+    return np.zeros(n), squeezed
+
+
+def _start_search(
+    forecast: Forecast | None,
+    now: datetime,
+    tonight: _Tonight,
+    latest: np.ndarray,
+    intensity_history: Sequence[ForecastPoint] | None,
+) -> StartSearch:
+    """Candidate starts of every configuration: carbonflow's one start search (carbon.windows.search_starts)."""
+    latest_or_none = np.where(latest >= -_EPS, latest, -1.0)
+    if forecast is None:
+        return StartSearch(*_no_forecast_starts(latest_or_none), 0, 0.0)
+    found = search_starts(forecast, tonight.durations, now, latest_or_none, history=intensity_history, hold_edges=True)
+    if found.shrunk_slots:
+        tonight.notes.append("forecast checked against the recent daily profile (robust to lead-time error)")
+    return found
+
+
+def _choose(
+    spec: JobSpec,
+    forecast: Forecast | None,
+    now: datetime,
+    tonight: _Tonight,
+    latest: np.ndarray,
+    found: StartSearch,
+    objective: str,
+    on_infeasible: str,
+) -> _Choice:
+    """Rank every (configuration, start) by feasibility, the objective, then the documented tie-breaks."""
+    durations, energies, within = tonight.durations, tonight.energies, tonight.within
+    if not found.run.size or not np.any(within & (latest >= -_EPS)):
+        fastest = int(np.argmin(durations))
+        need = timedelta(seconds=float(durations[fastest]))
+        msg = (
+            f"finish_by={spec.finish_by.isoformat() if spec.finish_by else None} cannot be met: the fastest "
+            f"configuration ({_fmt_config(tonight.candidates[fastest].config)}) needs {need} from now={now.isoformat()}"
+        )
+        if on_infeasible == "raise":
+            raise DeadlineError(msg)
+        tonight.notes.insert(0, "DEADLINE AT RISK")
+        cfg_idx, start_s = np.array([fastest]), np.array([0.0])
+        mean_ci = score_ci = np.array([_run_now_ci(forecast, now, float(durations[fastest]))])
+        forced = True
+    else:
+        cfg_idx, start_s = found.run, found.start_s
+        mean_ci, score_ci = found.mean_gco2_per_kwh, found.score_gco2_per_kwh
+        forced = False
+    dur, en = durations[cfg_idx], energies[cfg_idx]
+    em = en / J_PER_KWH * mean_ci
+    em_rank = en / J_PER_KWH * score_ci
+    cost = objective_for(objective).cost(en, dur, em_rank, tonight.ref)
+    feasible = within[cfg_idx] | forced
+    key_rank = np.argsort(np.argsort(np.array([c.config.key() for c in tonight.candidates])))
+    # Quantise costs so float noise never decides; then the documented tie-breaks.
+    qcost = np.round(cost / max(float(np.max(np.abs(cost))), 1e-300), 9)
+    em_q = np.round(em_rank / max(float(em_rank.max()), 1e-300), 9)
+    order = np.lexsort((key_rank[cfg_idx], start_s, dur, en, em_q, qcost, ~feasible))
+    return _Choice(cfg_idx, start_s, em, cost, feasible, order)
+
+
+def _alternative(c: Candidate, start: datetime, em_g: float, cost: float, ok: bool, why: str | None) -> PlanAlternative:
+    return PlanAlternative(
+        config=c.config,
+        start=start,
+        predicted_duration_s=float(c.duration_s),
+        predicted_energy_j=float(c.energy_j),
+        predicted_emissions_g=float(em_g),
+        cost=float(cost),
+        feasible=ok,
+        why_not=why,
+    )
+
+
+def _run_now_cost(forecast: Forecast | None, now: datetime, c: Candidate, objective: str, ref: Reference):
+    """(emissions g, cost) of a candidate started now."""
+    em = emissions_g_from(c.energy_j, _run_now_ci(forecast, now, c.duration_s))
+    cost = float(objective_for(objective).cost([c.energy_j], [c.duration_s], [em], ref)[0])
+    return em, cost
+
+
+def _alternatives(
+    spec: JobSpec,
+    forecast: Forecast | None,
+    now: datetime,
+    tonight: _Tonight,
+    latest: np.ndarray,
+    squeezed: np.ndarray,
+    choice: _Choice,
+    objective: str,
+    per_config: int,
+) -> list[PlanAlternative]:
+    """The best few starts of every other configuration, and one entry per configuration that cannot finish."""
+    out: list[PlanAlternative] = []
+    taken: dict[int, int] = {}
+    for j in choice.order.tolist():
+        i = int(choice.cfg_idx[j])
+        if j == choice.best or taken.get(i, 0) >= per_config:
+            continue
+        taken[i] = taken.get(i, 0) + 1
+        c = tonight.candidates[i]
+        ok = bool(choice.feasible[j])
+        why = None if ok else f"slowdown {c.slowdown:+.1%} exceeds max_slowdown {spec.max_slowdown:.0%}"
+        start = now + timedelta(seconds=float(choice.start_s[j]))
+        out.append(_alternative(c, start, choice.em[j], choice.cost[j], ok, why))
+    for i, c in enumerate(tonight.candidates):
+        if latest[i] >= -_EPS:
+            continue
+        finish = now + timedelta(seconds=float(c.duration_s))
+        why = f"finishes {finish.isoformat(timespec='minutes')} after finish_by even if started now"
+        if squeezed[i]:
+            why = "no room before finish_by for the most epochs it is likely to need (see deadline_epochs)"
+        em, cost = _run_now_cost(forecast, now, c, objective, tonight.ref)
+        out.append(_alternative(c, now, em, cost, False, why))
+    return out
+
+
+def _baseline(
+    spec: JobSpec, forecast: Forecast | None, now: datetime, tonight: _Tonight, objective: str
+) -> PlanAlternative:
+    """The reference configuration started now: what "saving" is measured against."""
+    ref_c = tonight.ref_c
+    em, cost = _run_now_cost(forecast, now, ref_c, objective, tonight.ref)
+    ok = spec.finish_by is None or ref_c.duration_s <= (spec.finish_by - now).total_seconds() + _EPS
+    return _alternative(ref_c, now, em, cost, ok, None if ok else "misses finish_by")
 
 
 def _run_now_ci(forecast: Forecast | None, now: datetime, duration_s: float) -> float:

@@ -72,6 +72,7 @@ def test_every_planner_path_calls_the_one_search() -> None:
     for module in (optimizer, colocation, policies):
         source = inspect.getsource(module)
         assert "IntensityIntegral" not in source and "choose_start_with_delay_cost" not in source
-    assert "search_starts(" in inspect.getsource(optimizer.plan_job)
+    assert "_start_search(" in inspect.getsource(optimizer.plan_job)
+    assert "search_starts(" in inspect.getsource(optimizer._start_search)
     assert "search_starts(" in inspect.getsource(windows.choose_start)
     assert "search_starts(" in inspect.getsource(policies)
