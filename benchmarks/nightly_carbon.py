@@ -70,7 +70,7 @@ from carbonflow.carbon.traces import load_trace
 from carbonflow.carbon.windows import held_window_means, search_starts
 from carbonflow.energy.simulated import ZeusPowerModel, workload_defaults
 from carbonflow.models import Config, Forecast, ForecastPoint, JobSpec, Plan, Profile, ProfilePoint
-from carbonflow.planning import JobHistory, PairProfile, RunRecord, pair_timeline, plan_job, plan_night
+from carbonflow.planning import JobHistory, PairProfile, RealisedRun, pair_timeline, plan_job, plan_night
 from carbonflow.planning.optimizer import batch_size_explorer
 from carbonflow.simulation.devices import DeviceModel
 from carbonflow.simulation.interference import GAVEL_TO_ZEUS, load_pair_table
@@ -358,7 +358,7 @@ def run_solo(
     tally.batch_sizes[plan.job][bs] = tally.batch_sizes[plan.job].get(bs, 0) + 1
     if history is not None:
         history.add(
-            RunRecord(
+            RealisedRun(
                 job=plan.job,
                 config_key=plan.config.key(),
                 finished_at=end,
@@ -425,7 +425,7 @@ def run_pair(
         tally.batch_sizes[t.name][t.b0] = tally.batch_sizes[t.name].get(t.b0, 0) + 1
         if history is not None:
             history.add(
-                RunRecord(
+                RealisedRun(
                     job=t.name,
                     config_key=plan.config.key(),
                     finished_at=end,

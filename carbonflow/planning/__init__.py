@@ -34,7 +34,7 @@ from carbonflow.planning.costs import (
     pareto_front,
     zeus_cost,
 )
-from carbonflow.planning.learning import BatchSizeExplorer, Correction, JobHistory, RunCostModel, RunRecord
+from carbonflow.planning.learning import BatchSizeExplorer, Correction, JobHistory, RealisedRun, RunCostModel
 from carbonflow.planning.optimizer import (
     Candidate,
     DeadlineError,
@@ -55,9 +55,9 @@ __all__ = [
     "DeadlineError",
     "JobHistory",
     "PairProfile",
+    "RealisedRun",
     "Reference",
     "RunCostModel",
-    "RunRecord",
     "Separation",
     "carbon_g",
     "choose_batch_size",

@@ -1,15 +1,15 @@
 """Learning across recurrences: prediction correction, batch-size exploration, early stopping.
 
 Pure and deterministic (randomness only through a seeded ``numpy.random.Generator`` handed in).
-The tracking layer turns MLflow runs into :class:`RunRecord` objects; the planner reads them through a
-:class:`JobHistory`.
+The tracking layer turns MLflow runs into :class:`RealisedRun` objects (the planner's view of a run; the MLflow
+record itself is the tracking layer's ``RunRecord``); the planner reads them through a :class:`JobHistory`.
 
 API others call::
 
-    RunRecord(job, config_key, finished_at, predicted_duration_s, realised_duration_s,
+    RealisedRun(job, config_key, finished_at, predicted_duration_s, realised_duration_s,
               predicted_energy_j, realised_energy_j, batch_size=None, power_limit_w=None, containers=1,
               epochs=None, reached_target=None, cost=None, colocated_with=(), observed_slowdown=None)
-    RunRecord.from_result(result: RunResult, plan: Plan, epochs=None, reached_target=None) -> RunRecord
+    RealisedRun.from_result(result: RunResult, plan: Plan, epochs=None, reached_target=None) -> RealisedRun
     JobHistory(records, drift_window=10)
       .correction(job, config_key) -> Correction(time_factor, energy_factor, runs)   # per config (reports)
       .run_cost_model(job, profile_prediction) -> RunCostModel   # what the planner predicts with
@@ -73,7 +73,7 @@ from carbonflow.models import Plan, RunResult
 
 
 @dataclass(frozen=True)
-class RunRecord:
+class RealisedRun:
     """One realised run of a recurring job next to what was predicted for it."""
 
     job: str
@@ -108,7 +108,7 @@ class RunRecord:
         epochs: float | None = None,
         reached_target: bool | None = None,
         observed_slowdown: float | None = None,
-    ) -> RunRecord:
+    ) -> RealisedRun:
         """The record of a finished run against the plan that launched it."""
         return cls(
             job=result.job,
@@ -197,7 +197,7 @@ def _median_ratio(pairs: Sequence[tuple[float, float]]) -> float:
 class JobHistory:
     """Realised runs of recurring jobs, newest last after sorting; the planner's memory across nights."""
 
-    records: list[RunRecord] = field(default_factory=list)
+    records: list[RealisedRun] = field(default_factory=list)
     drift_window: int = 10
     shrink_runs: float = 2.0
     """Job-wide ratios are shrunk toward 1 as ``n / (n + shrink_runs)``; a config's own ratio is used as is."""
@@ -206,16 +206,16 @@ class JobHistory:
         if self.drift_window < 1:
             raise ValueError(f"drift_window={self.drift_window} is not allowed; it must be >= 1")
         self.records = sorted(self.records, key=lambda r: (r.finished_at, r.job, r.config_key))
-        self._by_job: dict[str, list[RunRecord]] = {}
+        self._by_job: dict[str, list[RealisedRun]] = {}
         for record in self.records:
             self._by_job.setdefault(record.job, []).append(record)
 
-    def add(self, record: RunRecord) -> None:
+    def add(self, record: RealisedRun) -> None:
         """Append a newer record."""
         self.records.append(record)
         self._by_job.setdefault(record.job, []).append(record)
 
-    def for_job(self, job: str) -> list[RunRecord]:
+    def for_job(self, job: str) -> list[RealisedRun]:
         return self._by_job.get(job, [])
 
     def correction(self, job: str, config_key: str) -> Correction:
@@ -241,7 +241,7 @@ class JobHistory:
         )
 
     def run_cost_model(
-        self, job: str, profile_prediction: Callable[[RunRecord], tuple[float, float] | None]
+        self, job: str, profile_prediction: Callable[[RealisedRun], tuple[float, float] | None]
     ) -> RunCostModel:
         """The job's fixed + per-sample model from its last ``drift_window`` solo runs.
 
@@ -588,6 +588,6 @@ def exploration_pays_off(expected_gain_per_run: float, exploration_cost: float, 
     return expected_gain_per_run * remaining_runs > exploration_cost
 
 
-def records_for(records: Iterable[RunRecord], job: str) -> list[RunRecord]:
+def records_for(records: Iterable[RealisedRun], job: str) -> list[RealisedRun]:
     """The records of one job, oldest first."""
     return sorted((r for r in records if r.job == job), key=lambda r: r.finished_at)

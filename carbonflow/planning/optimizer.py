@@ -85,7 +85,7 @@ from carbonflow.planning.costs import (
     Reference,
     pareto_front,
 )
-from carbonflow.planning.learning import BatchSizeExplorer, JobHistory, RunCostModel, RunRecord
+from carbonflow.planning.learning import BatchSizeExplorer, JobHistory, RealisedRun, RunCostModel
 from carbonflow.planning.objectives import SlowdownConstraint, objective_for
 from carbonflow.planning.saving import saving_fraction, saving_phrase
 from carbonflow.units import J_PER_KWH, emissions_g_from
@@ -284,7 +284,7 @@ def predict_candidates(
 
     by_key = {p.config.key(): p for p in profile.points}
 
-    def profile_prediction(r: RunRecord) -> tuple[float, float] | None:
+    def profile_prediction(r: RealisedRun) -> tuple[float, float] | None:
         """What the profile alone predicts for a realised run: its configuration, its work."""
         p = by_key.get(r.config_key)
         if p is None or p.throughput_samples_per_s <= 0:

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from carbonflow.planning import JobHistory, RunRecord, plan_job
+from carbonflow.planning import JobHistory, RealisedRun, plan_job
 from carbonflow.planning.learning import fit_fixed_and_rate
 from carbonflow.planning.optimizer import predict_candidates
 from tests.planning.planning_factories import NOW, V100_LIKE, make_profile, make_spec
@@ -16,11 +16,11 @@ START_UP_S, START_UP_J = 400.0, 40_000.0  # start-up, data loading, evaluation: 
 # workload rotated 200 → 225 → 225 → 250 → 175 → 150 W over seven nights.
 
 
-def realised_run(plan, profile, night: int) -> RunRecord:
+def realised_run(plan, profile, night: int) -> RealisedRun:
     """The simulated workload: the profile's per-sample figures are right, every run adds the same fixed part."""
     point = next(p for p in profile.points if p.config.key() == plan.config.key())
     work_s = 20_000 * 1 / point.throughput_samples_per_s  # steps x batch 1 (make_spec's work) / throughput
-    return RunRecord(
+    return RealisedRun(
         job=plan.job,
         config_key=plan.config.key(),
         finished_at=NOW + timedelta(days=night, hours=1),

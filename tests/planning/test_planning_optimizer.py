@@ -15,7 +15,7 @@ from carbonflow.models import Config, JobSpec
 from carbonflow.planning import (
     DeadlineError,
     JobHistory,
-    RunRecord,
+    RealisedRun,
     choose_power_limit,
     plan_job,
     predict_candidates,
@@ -212,14 +212,14 @@ def test_carbon_plan_is_no_worse_than_any_start_on_a_fine_grid(values, hours):
 
 
 def test_history_correction_changes_the_prediction():
-    from carbonflow.planning import JobHistory, RunRecord
+    from carbonflow.planning import JobHistory, RealisedRun
 
     spec = make_spec()
     profile = make_profile()
     plan = plan_job(spec, profile, make_forecast([200.0] * 96), NOW)
     history = JobHistory(
         [
-            RunRecord(
+            RealisedRun(
                 job=spec.name,
                 config_key=plan.config.key(),
                 finished_at=NOW - timedelta(days=d),
@@ -238,7 +238,7 @@ def test_history_correction_changes_the_prediction():
 
 
 def test_batch_size_is_learned_across_recurrences_from_history():
-    from carbonflow.planning import JobHistory, RunRecord, choose_batch_size
+    from carbonflow.planning import JobHistory, RealisedRun, choose_batch_size
 
     profile = make_profile(batch_sizes=(64, 256), bs_speed={64: 1.0, 256: 3.0})
     spec = make_spec(batch_size=64, batch_sizes=[64, 256], target_metric="accuracy", target_value=0.9, max_slowdown=1)
@@ -247,8 +247,8 @@ def test_batch_size_is_learned_across_recurrences_from_history():
     assert choose_batch_size(spec, profile, empty) == 64
     assert plan_job(spec, profile, make_forecast([200.0] * 96), NOW, empty).config.batch_size == 64
 
-    def run(day: int, bs: int, energy: float, epochs: float) -> RunRecord:
-        return RunRecord(
+    def run(day: int, bs: int, energy: float, epochs: float) -> RealisedRun:
+        return RealisedRun(
             job=spec.name,
             config_key=f"c1-pl250-b{bs}",
             finished_at=NOW - timedelta(days=day),
@@ -294,8 +294,8 @@ def test_pareto_alternatives_are_non_dominated_and_include_the_choice():
     assert len(front) >= 2  # faster two-container runs trade carbon for time
 
 
-def _target_run(spec_name: str, day: int, bs: int, epochs: float, energy_j: float = 1e6) -> RunRecord:
-    return RunRecord(
+def _target_run(spec_name: str, day: int, bs: int, epochs: float, energy_j: float = 1e6) -> RealisedRun:
+    return RealisedRun(
         job=spec_name,
         config_key=f"c1-pl250-b{bs}",
         finished_at=NOW - timedelta(days=day),
