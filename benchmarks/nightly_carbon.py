@@ -71,7 +71,7 @@ from carbonflow.carbon.windows import held_window_means, search_starts
 from carbonflow.energy.simulated import ZeusPowerModel, workload_defaults
 from carbonflow.models import Config, Forecast, ForecastPoint, JobSpec, Plan, Profile, ProfilePoint
 from carbonflow.planning import JobHistory, PairProfile, RealisedRun, pair_timeline, plan_job, plan_night
-from carbonflow.planning.optimizer import batch_size_explorer
+from carbonflow.planning.batch_size import batch_size_explorer
 from carbonflow.simulation.devices import DeviceModel
 from carbonflow.simulation.interference import GAVEL_TO_ZEUS, load_pair_table
 from carbonflow.units import J_PER_KWH

@@ -55,8 +55,8 @@ import numpy as np
 import pandas as pd
 
 from carbonflow.planning import choose_power_limit
+from carbonflow.planning.batch_size import BatchSizeExplorer
 from carbonflow.planning.costs import zeus_cost
-from carbonflow.planning.learning import BatchSizeExplorer
 
 DATA = Path("/work/shared/data/zeus")
 RESULTS = Path(__file__).resolve().parent / "results"

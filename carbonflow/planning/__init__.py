@@ -5,6 +5,7 @@ See the docstrings of :mod:`.costs`, :mod:`.optimizer`, :mod:`.colocation` and :
 signatures other parts call.
 """
 
+from carbonflow.planning.batch_size import BatchSizeExplorer, choose_batch_size
 from carbonflow.planning.capacity import (
     CapacityLedger,
     ClusterLoad,
@@ -34,11 +35,10 @@ from carbonflow.planning.costs import (
     pareto_front,
     zeus_cost,
 )
-from carbonflow.planning.learning import BatchSizeExplorer, Correction, JobHistory, RealisedRun, RunCostModel
+from carbonflow.planning.learning import Correction, JobHistory, RealisedRun, RunCostModel
 from carbonflow.planning.optimizer import (
     Candidate,
     DeadlineError,
-    choose_batch_size,
     choose_power_limit,
     pareto_alternatives,
     plan_job,

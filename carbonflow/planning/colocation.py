@@ -38,15 +38,9 @@ import numpy as np
 
 from carbonflow.carbon.windows import held_window_means, slot_boundaries_s
 from carbonflow.models import Config, EnergyLabel, Forecast, ForecastPoint, JobSpec, Plan, Profile
+from carbonflow.planning.batch_size import batch_size_explorer, batch_size_of, deadline_epochs
 from carbonflow.planning.learning import JobHistory
-from carbonflow.planning.optimizer import (
-    Candidate,
-    DeadlineError,
-    batch_size_explorer,
-    deadline_epochs,
-    plan_job,
-    predict_candidates,
-)
+from carbonflow.planning.optimizer import Candidate, DeadlineError, plan_job, predict_candidates
 from carbonflow.units import J_PER_KWH
 
 
@@ -301,7 +295,7 @@ def _explores(spec: JobSpec, profile: Profile, history: JobHistory | None, plan:
     explorer = batch_size_explorer(spec, profile, history)
     if explorer is None:
         return False
-    bs = plan.config.batch_size if plan.config.batch_size is not None else spec.batch_size
+    bs = batch_size_of(plan.config, spec)
     return bs != spec.batch_size and bs in explorer.arms and not explorer.arms[bs].costs
 
 

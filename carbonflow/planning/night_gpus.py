@@ -21,9 +21,9 @@ import numpy as np
 
 from carbonflow.carbon.windows import held_window_means, search_starts
 from carbonflow.models import Forecast, JobSpec, Plan, Profile
+from carbonflow.planning.batch_size import deadline_epochs
 from carbonflow.planning.capacity import CapacityLedger
 from carbonflow.planning.learning import JobHistory
-from carbonflow.planning.optimizer import deadline_epochs
 from carbonflow.units import emissions_g_from
 
 SLOT_S = 900.0

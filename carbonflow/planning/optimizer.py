@@ -61,7 +61,6 @@ How a plan is made
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -81,20 +80,22 @@ from carbonflow.models import (
     ProfilePoint,
     parse_objective,
 )
+from carbonflow.planning.batch_size import (
+    batch_size_explorer,
+    batch_size_of,
+    deadline_margins,
+    point_power_w,
+)
 from carbonflow.planning.costs import (
     Reference,
     pareto_front,
 )
-from carbonflow.planning.learning import BatchSizeExplorer, JobHistory, RealisedRun, RunCostModel
+from carbonflow.planning.learning import JobHistory, RealisedRun, RunCostModel
 from carbonflow.planning.objectives import SlowdownConstraint, objective_for
 from carbonflow.planning.saving import saving_fraction, saving_phrase
 from carbonflow.units import J_PER_KWH, emissions_g_from
 
 _EPS = 1e-9
-DEADLINE_EPOCH_MARGIN = 1.5
-"""Latest start of a job trained to a target: for this × the most epochs a recent run needed (see module doc)."""
-DEADLINE_MIN_RUNS = 3
-"""Fewer runs that reached the target at a batch size than this: the deadline is planned for the whole budget."""
 
 
 class DeadlineError(ValueError):
@@ -154,7 +155,7 @@ def _allowed_points(spec: JobSpec, profile: Profile) -> list[ProfilePoint]:
     allowed_bs = set(spec.batch_sizes or []) | {spec.batch_size}
     points = []
     for p in profile.points:
-        bs = p.config.batch_size if p.config.batch_size is not None else spec.batch_size
+        bs = batch_size_of(p.config, spec)
         if spec.batch_sizes is None and bs != spec.batch_size:
             continue
         if bs not in allowed_bs:
@@ -175,78 +176,11 @@ def _allowed_points(spec: JobSpec, profile: Profile) -> list[ProfilePoint]:
     return points
 
 
-def batch_size_explorer(spec: JobSpec, profile: Profile, history: JobHistory | None) -> BatchSizeExplorer | None:
-    """The batch-size explorer of a job trained to a target, with its history replayed (None: not opted in).
-
-    Its prior is the profile's least energy per epoch at each candidate batch size; the history's runs
-    (realised energy in J as the cost, whether the target was reached, epochs) are observed in time order.
-    The caller may ask it for :meth:`~carbonflow.planning.learning.BatchSizeExplorer.stop_threshold` (J).
-    """
-    if not spec.batch_sizes or spec.target_metric is None or history is None:
-        return None
-    sizes = sorted(set(spec.batch_sizes) | {spec.batch_size})
-    spe = profile.samples_per_epoch or spec.batch_size
-    prior: dict[int, float] = {}
-    for p in profile.points:
-        bs = p.config.batch_size if p.config.batch_size is not None else spec.batch_size
-        if bs in sizes:
-            per_epoch = _power_w(p) / p.throughput_samples_per_s * spe
-            prior[bs] = min(prior.get(bs, float("inf")), per_epoch)
-    sizes = [b for b in sizes if b in prior]
-    if spec.batch_size not in prior:
-        return None
-    # What the job costs per epoch without carbonflow (its batch size at the highest power limit profiled):
-    # with it the explorer only risks a run that what it saved over that default covers.
-    at_default = [p for p in profile.points if (p.config.batch_size or spec.batch_size) == spec.batch_size]
-    top = max(at_default, key=lambda p: p.config.power_limit_w or math.inf)
-    default_cost = _power_w(top) / top.throughput_samples_per_s * spe
-    explorer = BatchSizeExplorer(sizes, spec.batch_size, prior, default_cost_per_epoch=default_cost)
-    for r in history.for_job(spec.name):
-        if r.batch_size in prior:
-            explorer.observe(r.batch_size, r.realised_energy_j, bool(r.reached_target), r.epochs)  # type: ignore[arg-type]
-    return explorer
-
-
-def choose_batch_size(spec: JobSpec, profile: Profile, history: JobHistory | None, seed: int = 0) -> int | None:
-    """Tonight's batch size for a job trained to a target, learned across recurrences (None: not opted in).
-
-    Asks :func:`batch_size_explorer`. Deterministic: the random stream is seeded by ``seed`` and the
-    number of past runs.
-    """
-    explorer = batch_size_explorer(spec, profile, history)
-    if explorer is None:
-        return None
-    return explorer.choose(np.random.default_rng([seed, explorer.runs]))
-
-
-def deadline_epochs(spec: JobSpec, history: JobHistory | None, batch_size: int | None) -> float | None:
-    """Epochs a target-trained job's deadline is planned for at ``batch_size`` (None: not trained to a target).
-
-    ``DEADLINE_EPOCH_MARGIN`` × the most epochs a recent run (the history's drift window) that reached the
-    target at this batch size needed, at most ``spec.epochs``; ``spec.epochs`` while fewer than
-    ``DEADLINE_MIN_RUNS`` runs did (epochs to target can be bimodal: ImageNet at batch 192 needs 20–22 or 31).
-    """
-    if spec.target_metric is None or spec.epochs is None or history is None:
-        return None
-    bs = batch_size if batch_size is not None else spec.batch_size
-    seen = [
-        r.epochs
-        for r in history.for_job(spec.name)
-        if (r.batch_size if r.batch_size is not None else spec.batch_size) == bs
-        and r.reached_target
-        and r.epochs is not None
-        and r.epochs > 0
-    ][-history.drift_window :]
-    if len(seen) < DEADLINE_MIN_RUNS:
-        return float(spec.epochs)
-    return min(float(spec.epochs), DEADLINE_EPOCH_MARGIN * max(seen))
-
-
 def default_point(spec: JobSpec, points: Sequence[ProfilePoint], profile: Profile) -> ProfilePoint:
     """The reference configuration: default containers, default (else highest) power limit, the job's batch size."""
 
     def bs(p: ProfilePoint) -> int:
-        return p.config.batch_size if p.config.batch_size is not None else spec.batch_size
+        return batch_size_of(p.config, spec)
 
     same_bs = [p for p in points if bs(p) == spec.batch_size] or list(points)
     by_containers = [p for p in same_bs if p.config.containers == spec.min_containers] or same_bs
@@ -255,11 +189,6 @@ def default_point(spec: JobSpec, points: Sequence[ProfilePoint], profile: Profil
         if p.config.power_limit_w is None or (default_pl is not None and p.config.power_limit_w == default_pl):
             return p
     return max(by_containers, key=lambda p: (p.config.power_limit_w or 0.0, p.throughput_samples_per_s))
-
-
-def _power_w(point: ProfilePoint) -> float:
-    total = point.power_total_w
-    return total if total > 0 else point.energy_per_sample_j * point.throughput_samples_per_s
 
 
 def predict_candidates(
@@ -291,13 +220,13 @@ def predict_candidates(
             return None
         work = r.epochs * profile.samples_per_epoch if r.epochs and profile.samples_per_epoch else None
         duration = (work if work is not None else work_of(p.config.batch_size)) / p.throughput_samples_per_s
-        return duration, _power_w(p) * duration
+        return duration, point_power_w(p) * duration
 
     model = history.run_cost_model(spec.name, profile_prediction) if history is not None else RunCostModel()
 
     def predict(p: ProfilePoint) -> tuple[float, float]:
         duration = work_of(p.config.batch_size) / p.throughput_samples_per_s
-        return model.duration_s(duration), model.energy_j(_power_w(p) * duration)
+        return model.duration_s(duration), model.energy_j(point_power_w(p) * duration)
 
     ref_duration, ref_energy = predict(ref_point)
     bound = ref_duration * (1 + spec.max_slowdown)
@@ -310,7 +239,9 @@ def predict_candidates(
         if p is ref_point:
             ref_candidate = c
     assert ref_candidate is not None
-    max_pl = profile.max_power_w or max((p.config.power_limit_w or 0.0) for p in profile.points) or _power_w(ref_point)
+    max_pl = (
+        profile.max_power_w or max((p.config.power_limit_w or 0.0) for p in profile.points) or point_power_w(ref_point)
+    )
     ref = Reference(energy_j=ref_energy, time_s=ref_duration, max_power_w=max_pl * ref_point.config.containers)
     return candidates, ref_candidate, ref
 
@@ -450,7 +381,7 @@ def _candidates_tonight(
     candidates, ref_c, ref = predict_candidates(spec, profile, history)
     explorer = batch_size_explorer(spec, profile, history)
     limit_s = (spec.finish_by - now).total_seconds() if spec.finish_by is not None else float("inf")
-    margin_all, reserve_s = _deadline_factors(spec, profile, history, candidates, explorer if early_stop else None)
+    margin_all, reserve_s = deadline_margins(spec, profile, history, candidates, explorer if early_stop else None)
     if explorer is None:
         return _Tonight(candidates, ref_c, ref, margin_all, notes)
     assert history is not None
@@ -463,7 +394,7 @@ def _candidates_tonight(
         return any(
             c.within_slowdown and c.duration_s * m + reserve_s.get(bs, 0.0) <= limit_s + _EPS
             for c, m in zip(candidates, margins, strict=True)
-            if _bs(c, spec) == bs
+            if batch_size_of(c.config, spec) == bs
         )
 
     runs = len(history.for_job(spec.name))
@@ -472,10 +403,10 @@ def _candidates_tonight(
     else:
         fallback = explorer.best_mean()[0]
         if not fits(fallback):
-            fallback = _bs(ref_c, spec)
+            fallback = batch_size_of(ref_c.config, spec)
         notes.append(f"batch size {learned_bs} does not fit the slowdown bound or finish_by tonight: {fallback}")
         learned_bs = fallback
-    keep = [i for i, c in enumerate(candidates) if _bs(c, spec) == learned_bs]
+    keep = [i for i, c in enumerate(candidates) if batch_size_of(c.config, spec) == learned_bs]
     if keep:
         candidates = [candidates[i] for i in keep]
         if margin_all is not None:
@@ -650,58 +581,8 @@ def _no_forecast_starts(latest: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     return run, zero, zero, zero
 
 
-def _bs(c: Candidate, spec: JobSpec) -> int:
-    return c.config.batch_size if c.config.batch_size is not None else spec.batch_size
-
-
 def _durations(candidates: Sequence[Candidate]) -> np.ndarray:
     return np.array([c.duration_s for c in candidates], dtype=float)
-
-
-def _deadline_factors(
-    spec: JobSpec,
-    profile: Profile,
-    history: JobHistory | None,
-    candidates: Sequence[Candidate],
-    explorer: BatchSizeExplorer | None,
-) -> tuple[np.ndarray | None, dict[int, float]]:
-    """Deadline margins of a job trained to a target (None when it is not), and time to reserve per batch size.
-
-    Per candidate: the epochs its deadline is planned for (:func:`deadline_epochs`, at most the explorer's
-    early-stop threshold in epochs) over its expected epochs, >= 1. Per untried batch size: the time to rerun
-    at the best known batch size (its fastest configuration, for its deadline epochs) after an early stop.
-    """
-    if spec.target_metric is None or spec.epochs is None or history is None or not profile.samples_per_epoch:
-        return None, {}
-    out = np.ones(len(candidates))
-    expected_by_bs: dict[int | None, float] = {}
-    for i, c in enumerate(candidates):
-        bs = c.config.batch_size
-        if bs not in expected_by_bs:
-            expected_by_bs[bs] = (
-                (c.duration_s - c.fixed_s) * c.point.throughput_samples_per_s / profile.samples_per_epoch
-            )
-        expected = expected_by_bs[bs]
-        most = deadline_epochs(spec, history, bs)
-        if explorer is not None and _bs(c, spec) in explorer.arms and expected > 0:
-            stop_j = explorer.stop_threshold(_bs(c, spec))
-            if np.isfinite(stop_j) and c.energy_j > 0:
-                most = min(most if most is not None else float("inf"), stop_j / (c.energy_j / expected))
-        if most is not None and expected > 0:
-            out[i] = max(1.0, most / expected)
-    reserve: dict[int, float] = {}
-    if explorer is not None:
-        best, best_cost = explorer.best_mean()
-        if np.isfinite(best_cost):
-            rerun = [
-                c.duration_s * m
-                for c, m in zip(candidates, out, strict=True)
-                if _bs(c, spec) == best and c.within_slowdown
-            ]
-            for b, arm in explorer.arms.items():
-                if not arm.costs and b != best:
-                    reserve[b] = min(rerun, default=0.0)
-    return out, reserve
 
 
 def _why_not_better(

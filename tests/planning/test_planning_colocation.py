@@ -104,7 +104,7 @@ def test_observed_slowdown_validates():
 
 def test_a_colocated_pair_trained_to_target_plans_finish_by_for_its_most_epochs():
     from carbonflow.planning import JobHistory, RealisedRun
-    from carbonflow.planning.optimizer import DEADLINE_EPOCH_MARGIN
+    from carbonflow.planning.batch_size import DEADLINE_EPOCH_MARGIN
 
     # 500 s per epoch; 2, 2, 3 epochs to target seen: expected 7/3, planned for 1.5 x 3 = 4.5 epochs.
     records = [

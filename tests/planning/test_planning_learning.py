@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from carbonflow.planning import BatchSizeExplorer, JobHistory, RealisedRun
-from carbonflow.planning.learning import exploration_pays_off
+from carbonflow.planning.batch_size import exploration_pays_off
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 

@@ -310,7 +310,7 @@ def _target_run(spec_name: str, day: int, bs: int, epochs: float, energy_j: floa
 
 
 def test_target_trained_job_plans_its_deadline_for_its_most_epochs_not_the_mean():
-    from carbonflow.planning.optimizer import DEADLINE_EPOCH_MARGIN, deadline_epochs
+    from carbonflow.planning.batch_size import DEADLINE_EPOCH_MARGIN, deadline_epochs
 
     # 500 s per epoch at 250 W; a forecast that is low only in the last half hour pulls the start late.
     profile = make_profile(batch_sizes=(64,))
