@@ -3,11 +3,11 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS ?= train,test
+EXTRAS ?= train,test,docs
 comma := ,
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt 2>/dev/null | sha1sum | cut -c1-12)-$(subst $(comma),_,$(EXTRAS))
 
-.PHONY: install demo test e2e bench lint serve stop clean constraints
+.PHONY: install system-deps demo test docs e2e bench lint serve stop clean constraints
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,14 @@ install: $(STAMP)
 demo: install  ## the whole pipeline once, on embedded Airflow + MLflow, replayed carbon data
 	@$(BIN)/carbonflow demo
 
-test: install  ## the whole test suite (unit, integration, slow end-to-end)
+system-deps:  ## system packages the tests need (apt, when root) and the local PostgreSQL started
+	@bash scripts/system-deps.sh
+
+test: install system-deps docs  ## everything CI runs: system packages, the docs build, the whole test suite
 	@$(BIN)/python -m pytest
+
+docs: install  ## the documentation site (MkDocs Material, API reference from docstrings) into site/, strict
+	@NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
 e2e: install  ## stack-level tests: real Airflow services + MLflow server + headless Chromium
 	@$(BIN)/python -m pytest -m slow tests/e2e
@@ -48,4 +54,4 @@ constraints:  ## re-resolve and pin every dependency (needs the network to PyPI)
 	@rm -rf .venv-resolve && echo "constraints.txt updated"
 
 clean:
-	rm -rf .carbonflow
+	rm -rf .carbonflow site

@@ -79,12 +79,26 @@ class SimulatedGpuSpec(_Model):
     )
 
 
+COMMAND_PLACEHOLDERS = ("epochs", "steps", "batch_size", "output_dir", "python")
+"""Placeholders a command job may use; each is also in the environment (CARBONFLOW_EPOCHS, ...)."""
+
+
 class JobSpec(_Model):
     """A recurring training job: what to run, on what, how much, where and by when."""
 
     name: str = Field(description="recurring key; the same name every night")
     workload: str | None = Field(default=None, description="built-in workload, e.g. 'digits_cnn'")
-    command: list[str] | None = Field(default=None, description="command to run instead of a workload")
+    command: list[str] | None = Field(
+        default=None,
+        description="command to run instead of a workload; may use {epochs} {steps} {batch_size} {output_dir} "
+        "{python}; 'python' as the first word is the worker's interpreter",
+    )
+    working_dir: str | None = Field(
+        default=None, description="where the command runs; a relative path is resolved against the DAG file's folder"
+    )
+    samples_per_epoch: int | None = Field(
+        default=None, gt=0, description="samples one epoch holds (command jobs that give their work in epochs)"
+    )
     image: str | None = Field(default=None, description="container image for the Kubernetes backend")
     device_kind: DeviceKind = "gpu"
     simulated_gpu: SimulatedGpuSpec | None = Field(
@@ -150,12 +164,35 @@ class JobSpec(_Model):
             raise ValueError(f"batch_sizes={v} is not allowed; give one or more positive integers")
         return v
 
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v or not v[0].strip():
+            raise ValueError(
+                f"command={v!r} is not allowed; give the program and its arguments, e.g. ['python', 'train.py']"
+            )
+        for word in v:
+            for name in re.findall(r"{([^{}]*)}", word):
+                if name not in COMMAND_PLACEHOLDERS:
+                    raise ValueError(
+                        f"command placeholder {{{name}}} in {word!r} is not known; allowed: "
+                        + ", ".join(f"{{{p}}}" for p in COMMAND_PLACEHOLDERS)
+                    )
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
         if self.workload is None and self.command is None and self.image is None:
             raise ValueError("a job needs one of workload, command or image")
         if self.epochs is None and self.steps is None:
             raise ValueError("a job needs its work: epochs or steps (a positive integer)")
+        if self.workload is None and self.epochs is not None and self.samples_per_epoch is None:
+            raise ValueError(
+                f"samples_per_epoch=None: job {self.name!r} gives its work in epochs={self.epochs}, so carbonflow must "
+                "know how many samples one epoch holds to plan it; set samples_per_epoch, or give the work as steps"
+            )
         if self.min_containers > self.max_containers:
             raise ValueError(
                 f"min_containers={self.min_containers} is above max_containers={self.max_containers}; it must be <= it"

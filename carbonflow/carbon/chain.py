@@ -119,8 +119,12 @@ class ForecastChain:
             except NotConfigured:
                 continue
             except Exception as exc:  # history is optional: never fail the caller
-                log.warning("carbon history from %s for %s unavailable: %s", provider.name, resolved.name,
-                            redact(f"{exc}", secrets))
+                log.warning(
+                    "carbon history from %s for %s unavailable: %s",
+                    provider.name,
+                    resolved.name,
+                    redact(f"{exc}", secrets),
+                )
                 continue
             points = [p for p in points if p.end > start and p.start < end]
             if points:
@@ -193,8 +197,12 @@ class ForecastChain:
         notes.append("no provider answered: start at once")
         log.warning("no carbon forecast for %s: %s", resolved.name, "; ".join(notes))
         return Forecast(
-            region=resolved.name, provider="none", signal_kind=self.signal_kind or "average-lifecycle",
-            issued_at=now, points=[], notes=notes,
+            region=resolved.name,
+            provider="none",
+            signal_kind=self.signal_kind or "average-lifecycle",
+            issued_at=now,
+            points=[],
+            notes=notes,
         )
 
 
@@ -261,8 +269,12 @@ def default_chain(
             raise NotConfigured(f"no replayed actuals for {zone}")
 
         providers += [
-            ClimatologyProvider(history, signal_kind=lambda z: _replay_kind(replays, z),
-                                source="replayed actuals", name="climatology:replay"),
+            ClimatologyProvider(
+                history,
+                signal_kind=lambda z: _replay_kind(replays, z),
+                source="replayed actuals",
+                name="climatology:replay",
+            ),
             StaticProvider(),
         ]
         return ForecastChain(providers, order=order)
@@ -279,16 +291,19 @@ def default_chain(
     neso = NesoProvider(base_url=_cred(creds, "neso", "url", "CARBONFLOW_NESO_URL"), settings=settings)
     em = ElectricityMapsProvider(
         token=_cred(creds, "electricitymaps", "token", "CARBONFLOW_ELECTRICITYMAPS_TOKEN"),
-        base_url=_cred(creds, "electricitymaps", "url", "CARBONFLOW_ELECTRICITYMAPS_URL"), settings=settings,
+        base_url=_cred(creds, "electricitymaps", "url", "CARBONFLOW_ELECTRICITYMAPS_URL"),
+        settings=settings,
         emission_factor=(creds.get("electricitymaps") or {}).get("emission_factor", "lifecycle"),
     )
     wt = WattTimeProvider(
         username=_cred(creds, "watttime", "username", "CARBONFLOW_WATTTIME_USERNAME"),
         password=_cred(creds, "watttime", "password", "CARBONFLOW_WATTTIME_PASSWORD"),
-        base_url=_cred(creds, "watttime", "url", "CARBONFLOW_WATTTIME_URL"), settings=settings,
+        base_url=_cred(creds, "watttime", "url", "CARBONFLOW_WATTTIME_URL"),
+        settings=settings,
     )
     sdk = CarbonAwareSdkProvider(
-        base_url=_cred(creds, "carbon-aware-sdk", "url", "CARBONFLOW_CARBON_AWARE_SDK_URL"), settings=settings,
+        base_url=_cred(creds, "carbon-aware-sdk", "url", "CARBONFLOW_CARBON_AWARE_SDK_URL"),
+        settings=settings,
         signal_kind=(creds.get("carbon-aware-sdk") or {}).get("signal_kind", "marginal"),
     )
     if sdk.signal_kind not in ("average-direct", "average-lifecycle", "marginal"):

@@ -15,17 +15,25 @@ CONNECTION_TYPES: dict[str, dict[str, Any]] = {
     "carbonflow_electricitymaps": {
         "provider": "electricitymaps",
         "label": "Electricity Maps API (carbonflow)",
-        "fields": {"password": "API token (sent as the auth-token header)",
-                   "host": "base URL (optional, default https://api.electricitymap.org/v3)"},
+        "fields": {
+            "password": "API token (sent as the auth-token header)",
+            "host": "base URL (optional, default https://api.electricitymap.org/v3)",
+        },
         "env": {"token": "CARBONFLOW_ELECTRICITYMAPS_TOKEN", "url": "CARBONFLOW_ELECTRICITYMAPS_URL"},
     },
     "carbonflow_watttime": {
         "provider": "watttime",
         "label": "WattTime API (carbonflow)",
-        "fields": {"login": "username", "password": "password (basic auth to /login)",
-                   "host": "base URL (optional, default https://api.watttime.org)"},
-        "env": {"username": "CARBONFLOW_WATTTIME_USERNAME", "password": "CARBONFLOW_WATTTIME_PASSWORD",
-                "url": "CARBONFLOW_WATTTIME_URL"},
+        "fields": {
+            "login": "username",
+            "password": "password (basic auth to /login)",
+            "host": "base URL (optional, default https://api.watttime.org)",
+        },
+        "env": {
+            "username": "CARBONFLOW_WATTTIME_USERNAME",
+            "password": "CARBONFLOW_WATTTIME_PASSWORD",
+            "url": "CARBONFLOW_WATTTIME_URL",
+        },
     },
     "carbonflow_carbon_aware_sdk": {
         "provider": "carbon-aware-sdk",
@@ -51,7 +59,7 @@ def _extra(extra: str | Mapping[str, Any] | None) -> dict[str, Any]:
     try:
         value = json.loads(extra)
     except ValueError:
-        raise ValueError("extra is not valid JSON; give a JSON object, e.g. {\"token\": \"...\"}") from None
+        raise ValueError('extra is not valid JSON; give a JSON object, e.g. {"token": "..."}') from None
     if not isinstance(value, dict):
         raise ValueError("extra must be a JSON object")
     return value
@@ -93,8 +101,11 @@ def credentials_from_connections(connections: Iterable[Mapping[str, Any]]) -> di
     merged: dict[str, dict[str, str]] = {}
     for conn in connections:
         provider, creds = credentials_from_connection(
-            str(conn.get("conn_type")), login=conn.get("login"), password=conn.get("password"),
-            host=conn.get("host"), extra=conn.get("extra"),
+            str(conn.get("conn_type")),
+            login=conn.get("login"),
+            password=conn.get("password"),
+            host=conn.get("host"),
+            extra=conn.get("extra"),
         )
         merged.setdefault(provider, {}).update(creds)
     return merged

@@ -76,10 +76,15 @@ class ClimatologyProvider:
             points.append(ForecastPoint(start=t, length_s=3600.0, gco2_per_kwh=float(profile[k])))
         kind = "hour-of-week" if weekly else "hour-of-day"
         return Forecast(
-            region=region, provider=self.name, issued_at=now, points=points,
+            region=region,
+            provider=self.name,
+            issued_at=now,
+            points=points,
             signal_kind=self.signal_kind(region) if callable(self.signal_kind) else self.signal_kind,
-            notes=[f"climatology: {kind} median of {span_h:.0f} h of {self.source} before {now.isoformat()}; "
-                   "an estimate, not a forecast"],
+            notes=[
+                f"climatology: {kind} median of {span_h:.0f} h of {self.source} before {now.isoformat()}; "
+                "an estimate, not a forecast"
+            ],
         )
 
 
@@ -128,6 +133,10 @@ class StaticProvider:
             ForecastPoint(start=start + timedelta(hours=i), length_s=3600.0, gco2_per_kwh=value) for i in range(n)
         ]
         return Forecast(
-            region=region, provider=self.name, signal_kind="average-lifecycle", issued_at=now, points=points,
+            region=region,
+            provider=self.name,
+            signal_kind="average-lifecycle",
+            issued_at=now,
+            points=points,
             notes=[f"static annual average {value:.0f} gCO2/kWh ({what}); flat, so it cannot pick a better time"],
         )

@@ -84,9 +84,15 @@ class _RetryAfterTooLong(Exception):
 
 def _mount(session: requests.Session, settings: HttpSettings) -> requests.Session:
     retry = _CappedRetry(
-        total=settings.retries, connect=settings.retries, read=settings.retries, status=settings.retries,
-        backoff_factor=settings.backoff_s, status_forcelist=(429, 500, 502, 503, 504), allowed_methods={"GET"},
-        respect_retry_after_header=True, raise_on_status=False,
+        total=settings.retries,
+        connect=settings.retries,
+        read=settings.retries,
+        status=settings.retries,
+        backoff_factor=settings.backoff_s,
+        status_forcelist=(429, 500, 502, 503, 504),
+        allowed_methods={"GET"},
+        respect_retry_after_header=True,
+        raise_on_status=False,
     )
     retry.max_retry_after_s = settings.max_retry_after_s
     adapter = HTTPAdapter(max_retries=retry)
@@ -103,9 +109,14 @@ def make_session(provider: str, settings: HttpSettings, *, cached: bool = True) 
 
         settings.cache_dir.mkdir(parents=True, exist_ok=True)
         session: requests.Session = requests_cache.CachedSession(
-            cache_name=str(settings.cache_dir / f"{provider}.sqlite"), backend="sqlite",
-            allowable_codes=(200,), allowable_methods=("GET",), match_headers=False,
-            ignored_parameters=_SECRET_HEADERS, expire_after=settings.cache_slot_s, stale_if_error=False,
+            cache_name=str(settings.cache_dir / f"{provider}.sqlite"),
+            backend="sqlite",
+            allowable_codes=(200,),
+            allowable_methods=("GET",),
+            match_headers=False,
+            ignored_parameters=_SECRET_HEADERS,
+            expire_after=settings.cache_slot_s,
+            stale_if_error=False,
         )
     else:
         session = requests.Session()
@@ -157,12 +168,21 @@ class _HttpProvider:
         return max(1.0, (end - datetime.now(UTC)).total_seconds()) if end > datetime.now(UTC) else slot
 
     def _get(
-        self, path: str, *, params: dict | None = None, headers: dict | None = None, auth: Any = None,
-        session: requests.Session | None = None, expire_after: float | None = None,
+        self,
+        path: str,
+        *,
+        params: dict | None = None,
+        headers: dict | None = None,
+        auth: Any = None,
+        session: requests.Session | None = None,
+        expire_after: float | None = None,
     ) -> requests.Response:
         url = f"{self.base_url}{path}"
         kwargs: dict[str, Any] = {
-            "params": params, "headers": headers, "auth": auth, "timeout": self.settings.timeout_s,
+            "params": params,
+            "headers": headers,
+            "auth": auth,
+            "timeout": self.settings.timeout_s,
         }
         sess = session or self.session
         if expire_after is not None and hasattr(sess, "cache"):
@@ -308,7 +328,11 @@ class NesoProvider(_HttpProvider):
         if not points:
             raise ProviderUnavailable(f"neso: no forecast values for {region} after {now.isoformat()}")
         return Forecast(
-            region=region, provider=self.name, signal_kind=self.signal_kind, issued_at=now, points=points,
+            region=region,
+            provider=self.name,
+            signal_kind=self.signal_kind,
+            issued_at=now,
+            points=points,
             notes=["NESO Carbon Intensity API (carbonintensity.org.uk, CC BY 4.0), CO2 only"],
         )
 
@@ -386,8 +410,12 @@ class ElectricityMapsProvider(_HttpProvider):
     def forecast(self, region: str, now: datetime, horizon_s: float = DEFAULT_HORIZON_S) -> Forecast:
         now = require_utc("now", now)
         headers = self._headers()
-        resp = self._get("/carbon-intensity/forecast", params=self._params(region), headers=headers,
-                         expire_after=self._slot_expiry_s(now))
+        resp = self._get(
+            "/carbon-intensity/forecast",
+            params=self._params(region),
+            headers=headers,
+            expire_after=self._slot_expiry_s(now),
+        )
         body = self._json(resp, f"forecast of {region}")
         pairs = _intensity_pairs(body, "forecast", region)
         end = now + timedelta(seconds=horizon_s)
@@ -399,7 +427,11 @@ class ElectricityMapsProvider(_HttpProvider):
             with contextlib.suppress(ValueError):
                 issued = min(parse_utc(body["updatedAt"]), now)
         return Forecast(
-            region=region, provider=self.name, signal_kind=self.signal_kind, issued_at=issued, points=points,
+            region=region,
+            provider=self.name,
+            signal_kind=self.signal_kind,
+            issued_at=issued,
+            points=points,
             notes=[f"Electricity Maps v3 forecast ({self.emission_factor} emission factors)"],
         )
 
@@ -484,12 +516,20 @@ class WattTimeProvider(_HttpProvider):
         horizon_h = int(min(72, max(1, -(-horizon_s // 3600))))
         params = {"region": region, "signal_type": "co2_moer", "horizon_hours": str(horizon_h)}
         token = self._login()
-        resp = self._get("/v3/forecast", params=params, headers={"Authorization": f"Bearer {token}"},
-                         expire_after=self._slot_expiry_s(now))
+        resp = self._get(
+            "/v3/forecast",
+            params=params,
+            headers={"Authorization": f"Bearer {token}"},
+            expire_after=self._slot_expiry_s(now),
+        )
         if resp.status_code == 401:  # expired token: log in again once
             token = self._login(force=True)
-            resp = self._get("/v3/forecast", params=params, headers={"Authorization": f"Bearer {token}"},
-                             expire_after=self._slot_expiry_s(now))
+            resp = self._get(
+                "/v3/forecast",
+                params=params,
+                headers={"Authorization": f"Bearer {token}"},
+                expire_after=self._slot_expiry_s(now),
+            )
         body = self._json(resp, f"forecast of {region}")
         data = body.get("data") if isinstance(body, dict) else None
         meta = body.get("meta") if isinstance(body, dict) and isinstance(body.get("meta"), dict) else {}
@@ -503,8 +543,9 @@ class WattTimeProvider(_HttpProvider):
         for item in data:
             try:
                 value = item.get("value")
-                pairs.append((parse_utc(item["point_time"]),
-                              None if value is None else float(value) * LBS_PER_MWH_TO_G_PER_KWH))
+                pairs.append(
+                    (parse_utc(item["point_time"]), None if value is None else float(value) * LBS_PER_MWH_TO_G_PER_KWH)
+                )
             except (KeyError, TypeError, ValueError, AttributeError):
                 continue
         end = now + timedelta(seconds=horizon_s)
@@ -517,8 +558,14 @@ class WattTimeProvider(_HttpProvider):
                 issued = min(parse_utc(meta["generated_at"]), now)
         notes = ["WattTime v3 co2_moer (marginal), lbs/MWh x 0.45359237 = g/kWh"]
         notes += [f"watttime warning: {w.get('message')}" for w in meta.get("warnings") or [] if isinstance(w, dict)]
-        return Forecast(region=region, provider=self.name, signal_kind=self.signal_kind, issued_at=issued,
-                        points=points, notes=notes)
+        return Forecast(
+            region=region,
+            provider=self.name,
+            signal_kind=self.signal_kind,
+            issued_at=issued,
+            points=points,
+            notes=notes,
+        )
 
 
 class CarbonAwareSdkProvider(_HttpProvider):
@@ -580,8 +627,14 @@ class CarbonAwareSdkProvider(_HttpProvider):
         if isinstance(dto.get("generatedAt"), str):
             with contextlib.suppress(ValueError):
                 issued = min(parse_utc(dto["generatedAt"]), now)
-        return Forecast(region=region, provider=self.name, signal_kind=self.signal_kind, issued_at=issued,
-                        points=points, notes=notes)
+        return Forecast(
+            region=region,
+            provider=self.name,
+            signal_kind=self.signal_kind,
+            issued_at=issued,
+            points=points,
+            notes=notes,
+        )
 
 
 __all__ = [

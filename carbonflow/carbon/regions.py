@@ -15,10 +15,23 @@ from pathlib import Path
 REGIONS_CSV = Path(__file__).parent / "data" / "regions.csv"
 PROVIDER_COLUMNS = ("electricitymaps", "watttime", "neso", "carbon_aware_sdk")
 NESO_REGION_IDS = {
-    1: "North Scotland", 2: "South Scotland", 3: "North West England", 4: "North East England", 5: "Yorkshire",
-    6: "North Wales & Merseyside", 7: "South Wales", 8: "West Midlands", 9: "East Midlands", 10: "East England",
-    11: "South West England", 12: "South England", 13: "London", 14: "South East England", 15: "England",
-    16: "Scotland", 17: "Wales",
+    1: "North Scotland",
+    2: "South Scotland",
+    3: "North West England",
+    4: "North East England",
+    5: "Yorkshire",
+    6: "North Wales & Merseyside",
+    7: "South Wales",
+    8: "West Midlands",
+    9: "East Midlands",
+    10: "East England",
+    11: "South West England",
+    12: "South England",
+    13: "London",
+    14: "South East England",
+    15: "England",
+    16: "Scotland",
+    17: "Wales",
 }
 _POSTCODE_RE = re.compile(r"^[A-Z]{1,2}[0-9][0-9A-Z]?$")
 
@@ -50,7 +63,10 @@ def region_table() -> dict[str, ResolvedRegion]:
         for row in csv.DictReader(handle):
             zones = {col: (row[col] or None) for col in PROVIDER_COLUMNS}
             table[row["region"].upper()] = ResolvedRegion(
-                name=row["region"], kind=row["kind"], country_iso3=row["country_iso3"], location=row["location"],
+                name=row["region"],
+                kind=row["kind"],
+                country_iso3=row["country_iso3"],
+                location=row["location"],
                 zones=zones,
             )
     return table
@@ -96,9 +112,7 @@ def resolve_region(region: str) -> ResolvedRegion:
     known_clouds = sorted({n.split(":")[0] for n in table if ":" in n})
     if _name and provider.lower() in {c.lower() for c in known_clouds}:
         same = [r.name for r in table.values() if r.name.lower().startswith(provider.lower() + ":")]
-        raise ValueError(
-            f"region={region!r} is not a known {provider.lower()} region; allowed: {', '.join(same)}"
-        )
+        raise ValueError(f"region={region!r} is not a known {provider.lower()} region; allowed: {', '.join(same)}")
     raise ValueError(
         f"region={region!r} is not a known region; allowed: a grid zone, a cloud region or a NESO GB region, "
         f"e.g. {', '.join(allowed_examples())} (full list: {REGIONS_CSV.name})"

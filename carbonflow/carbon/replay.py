@@ -145,8 +145,13 @@ class ReplayProvider:
         ]
         level = float(np.mean([p.gco2_per_kwh for p in points]))
         return Forecast(
-            region=region, provider=self.name, signal_kind=trace.signal_kind, issued_at=to_datetime(issue),
-            points=points, replay=True, error_mae_by_lead_h=self.error_model.mae_by_lead_h(level),
+            region=region,
+            provider=self.name,
+            signal_kind=trace.signal_kind,
+            issued_at=to_datetime(issue),
+            points=points,
+            replay=True,
+            error_mae_by_lead_h=self.error_model.mae_by_lead_h(level),
             notes=[f"replay of the forecast published at {to_datetime(issue).isoformat()} ({trace.source})"],
         )
 
@@ -179,8 +184,13 @@ class ReplayProvider:
         ]
         level = float(np.mean(window.to_numpy(dtype=float)))
         return Forecast(
-            region=region, provider=self.name, signal_kind=trace.signal_kind, issued_at=now, points=points,
-            replay=True, error_mae_by_lead_h=self.error_model.mae_by_lead_h(level) if self.synthetic_error else None,
+            region=region,
+            provider=self.name,
+            signal_kind=trace.signal_kind,
+            issued_at=now,
+            points=points,
+            replay=True,
+            error_mae_by_lead_h=self.error_model.mae_by_lead_h(level) if self.synthetic_error else None,
             notes=[note],
         )
 

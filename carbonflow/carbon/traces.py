@@ -65,8 +65,14 @@ class Trace:
             forecasts = pd.concat(frames, ignore_index=True).drop_duplicates(["issued_at", "start"], keep="last")
             forecasts = forecasts.sort_values(["issued_at", "start"]).reset_index(drop=True)
         return Trace(
-            name=self.name, region=self.region, signal_kind=self.signal_kind, slot_s=slot_s, actuals=actuals,
-            forecasts=forecasts, source=f"{self.source}; {other.source}", notes=[*self.notes, *other.notes],
+            name=self.name,
+            region=self.region,
+            signal_kind=self.signal_kind,
+            slot_s=slot_s,
+            actuals=actuals,
+            forecasts=forecasts,
+            source=f"{self.source}; {other.source}",
+            notes=[*self.notes, *other.notes],
         )
 
 
@@ -206,8 +212,13 @@ def load_trace(
             diffs = np.diff(np.unique(pd.DatetimeIndex(forecasts["start"]).as_unit("s").asi8))
             slot_s = float(np.min(diffs)) if len(diffs) else 3600.0
     return Trace(
-        name=trace_name, region=region or zone, signal_kind=kind, slot_s=slot_s, actuals=regular,
-        forecasts=forecasts, source=f"{source} [{path.name}]",
+        name=trace_name,
+        region=region or zone,
+        signal_kind=kind,
+        slot_s=slot_s,
+        actuals=regular,
+        forecasts=forecasts,
+        source=f"{source} [{path.name}]",
     )
 
 

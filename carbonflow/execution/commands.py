@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from carbonflow.contract import BATCH_SIZE_ENV, CONTAINERS_ENV, EPOCHS_ENV, JOB_NAME_ENV, MODE_ENV, STEPS_ENV
 from carbonflow.models import Config, JobSpec
 
 WORKLOAD_MODULES: dict[str, str] = {
@@ -13,9 +14,9 @@ WORKLOAD_MODULES: dict[str, str] = {
 
 
 def samples_per_epoch(spec: JobSpec) -> int | None:
-    """Samples in one epoch of a built-in workload (None for commands and images)."""
+    """Samples in one epoch: the built-in workload's, else what the job says (``samples_per_epoch``)."""
     if spec.workload is None:
-        return None
+        return spec.samples_per_epoch
     import importlib
 
     return int(importlib.import_module(workload_module(spec.workload)).SAMPLES_PER_EPOCH)
@@ -56,9 +57,53 @@ def training_command(spec: JobSpec, config: Config, *, python: str = sys.executa
         ]  # fmt: skip
     if spec.command is None:
         raise ValueError(f"job {spec.name!r} has no workload or command to run locally (image={spec.image!r})")
+    command = resolved_command(spec, config, python=python)
     if config.containers == 1:
-        return list(spec.command)
+        return command
     return [
         python, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc_per_node={config.containers}", "--no-python", *spec.command,
+        f"--nproc_per_node={config.containers}", "--no-python", *command,
     ]  # fmt: skip
+
+
+PYTHON_NAMES = ("python", "python3")
+"""A command starting with one of these runs under the worker's interpreter (carbonflow's own)."""
+
+
+def resolved_command(spec: JobSpec, config: Config, *, python: str = sys.executable, output_dir: str = "") -> list[str]:
+    """The job's command with its placeholders filled and ``python`` resolved to the worker's interpreter.
+
+    ``{output_dir}`` is left for the wrapper (it knows the run's directory) unless ``output_dir`` is given.
+    """
+    values = {
+        "epochs": "" if spec.epochs is None else str(spec.epochs),
+        "steps": "" if spec.steps is None else str(spec.steps),
+        "batch_size": str(config.batch_size or spec.batch_size),
+        "python": python,
+        "output_dir": output_dir or "{output_dir}",
+    }
+    command = [_fill(word, values) for word in spec.command or []]
+    if command and command[0] in PYTHON_NAMES:
+        command[0] = python
+    return command
+
+
+def _fill(word: str, values: dict[str, str]) -> str:
+    for name, value in values.items():
+        word = word.replace("{" + name + "}", value)
+    return word
+
+
+def work_env(spec: JobSpec, config: Config, mode: str) -> dict[str, str]:
+    """The job's work as environment variables (set for every training, command or built-in)."""
+    env = {
+        JOB_NAME_ENV: spec.name,
+        BATCH_SIZE_ENV: str(config.batch_size or spec.batch_size),
+        MODE_ENV: mode,
+        CONTAINERS_ENV: str(config.containers),
+    }
+    if spec.epochs is not None:
+        env[EPOCHS_ENV] = str(spec.epochs)
+    if spec.steps is not None:
+        env[STEPS_ENV] = str(spec.steps)
+    return env

@@ -61,7 +61,9 @@ def pinned_env(env: dict[str, str], gpus: Sequence[Any]) -> dict[str, str]:
     return env
 
 
-def start_child(command: list[str], env: dict[str, str], lease: GpuLeaseSet | None) -> subprocess.Popen[bytes]:
+def start_child(
+    command: list[str], env: dict[str, str], lease: GpuLeaseSet | None, cwd: str | None = None
+) -> subprocess.Popen[bytes]:
     """Start the training under its guard (:mod:`carbonflow.execution.guard`) as a new process group.
 
     The guard dies with the wrapper and takes the whole group with it; it and the training hold the GPUs'
@@ -74,4 +76,5 @@ def start_child(command: list[str], env: dict[str, str], lease: GpuLeaseSet | No
         env=guard_env,
         start_new_session=True,
         pass_fds=fds,
+        cwd=cwd,
     )

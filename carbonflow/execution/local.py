@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 from carbonflow.execution.commands import training_command
+from carbonflow.execution.errors import GPU_UNAVAILABLE_EXIT, GpuUnavailable, RunFailed, RunTimedOut
 from carbonflow.execution.shared import SharedRequest, SharedRun
 from carbonflow.execution.wrapper import WrappedRun
 from carbonflow.models import JobSpec, Plan
@@ -18,8 +19,16 @@ from carbonflow.models import JobSpec, Plan
 log = logging.getLogger(__name__)
 
 
-class RunFailed(RuntimeError):
-    """The wrapper could not produce a result."""
+def _raise_if_no_gpu(code: int, log_path: Path) -> None:
+    if code == GPU_UNAVAILABLE_EXIT:
+        lines = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+        raise GpuUnavailable(lines[-1] if lines else "no GPU could be leased")
+
+
+def check_working_dir(spec: JobSpec) -> None:
+    """A job's ``working_dir`` must exist on this worker before anything starts (ValueError naming it)."""
+    if spec.working_dir is not None and not Path(spec.working_dir).is_dir():
+        raise ValueError(f"working_dir={spec.working_dir!r} of job {spec.name!r} is not a directory on this worker")
 
 
 class LocalBackend:
@@ -53,6 +62,7 @@ class LocalBackend:
         stop_below_fraction: float | None = None,
     ) -> WrappedRun:
         """Run the plan's configuration to completion (or for a step budget when profiling)."""
+        check_working_dir(spec)
         run_dir = self.workdir / run_name
         run_dir.mkdir(parents=True, exist_ok=True)
         job_path, plan_path, result_path = run_dir / "job.json", run_dir / "plan.json", run_dir / "result.json"
@@ -75,6 +85,7 @@ class LocalBackend:
         command = training_command(spec, plan.config, python=self.python)
         log_path = run_dir / "training.log"
         code = self._run([*wrapper, "--", *command], log_path, timeout_s, f"run {run_name!r} of job {spec.name!r}")
+        _raise_if_no_gpu(code, log_path)
         if not result_path.exists():
             tail = log_path.read_text(encoding="utf-8", errors="replace")[-2000:]
             raise RunFailed(f"run {run_name!r} of job {spec.name!r} wrote no result (exit {code}); log tail:\n{tail}")
@@ -108,6 +119,7 @@ class LocalBackend:
                    "--result", str(result_path)]  # fmt: skip
         names = "+".join(m.job.name for m in members)
         code = self._run(command, run_dir / "training.log", timeout_s, f"run {run_name!r} of {names}")
+        _raise_if_no_gpu(code, run_dir / "training.log")
         if not result_path.exists():
             tail = (run_dir / "training.log").read_text(encoding="utf-8", errors="replace")[-2000:]
             raise RunFailed(f"run {run_name!r} of {names} wrote no result (exit {code}); log tail:\n{tail}")
@@ -121,7 +133,9 @@ class LocalBackend:
             return self._process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise RunFailed(f"{what} exceeded its timeout of {timeout_s:g} s") from None
+            raise RunTimedOut(
+                f"{what} exceeded its timeout of {timeout_s:g} s (stopped; power limits restored)"
+            ) from None
         finally:
             with self._lock:
                 self._process = None

@@ -209,7 +209,8 @@ def _run_shared_on(
                 tell_simulated_gpu()
                 for m in members:
                     env = pinned_env(_member_env(m, request, simulated), [gpu])
-                    m.child = start_child(m.spec.command, env, lease)
+                    command = [w.replace("{output_dir}", str(m.output_dir)) for w in m.spec.command]
+                    m.child = start_child(command, env, lease, cwd=m.spec.job.working_dir)
                     m.start_s, m.started_at = time.monotonic(), utcnow()
                 while any(m.running for m in members):
                     if received:
@@ -265,8 +266,9 @@ def _member_env(m: _Member, request: SharedRequest, simulated: bool) -> dict[str
     # In a pair profile a safety cap; the stop file normally ends it.
     cap = 20 * (request.warmup_steps + request.profile_steps) + 100 if request.profile_steps is not None else None
     return training_env(
-        m.spec.job, m.progress.path, m.output_dir, m.stop_file, cap, m.slowdown_file if simulated else None
-    )
+        m.spec.job, m.progress.path, m.output_dir, m.stop_file, cap, m.slowdown_file if simulated else None,
+        m.spec.plan.config,
+    )  # fmt: skip
 
 
 def _open_together(members: list[_Member], request: SharedRequest) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -27,9 +28,10 @@ from carbonflow.energy.discovery import discover_devices
 from carbonflow.energy.lease import GpuLeaseSet
 from carbonflow.energy.monitor import EnergyMonitor, PowerSampler
 from carbonflow.energy.power_limit import applied_power_limit
+from carbonflow.execution.commands import work_env
 from carbonflow.execution.errors import GPU_UNAVAILABLE_EXIT, GpuUnavailable
 from carbonflow.execution.gpus import lease_run_gpus, pinned_env, start_child
-from carbonflow.models import DeviceEnergy, JobSpec, Plan, UtcDatetime, utcnow
+from carbonflow.models import Config, DeviceEnergy, JobSpec, Plan, UtcDatetime, utcnow
 from carbonflow.training import (
     MAX_STEPS_ENV,
     OUTPUT_DIR_ENV,
@@ -165,10 +167,16 @@ def training_env(
     stop_file: Path,
     max_steps: int | None,
     slowdown_file: Path | None,
+    config: Config | None = None,
 ) -> dict[str, str]:
-    """The training child's environment: the job's own variables plus the training contract's files."""
+    """The training child's environment: the job's own variables, then carbonflow's (which win).
+
+    carbonflow's are the training contract's files and the job's work (``CARBONFLOW_EPOCHS`` or
+    ``CARBONFLOW_STEPS``, ``CARBONFLOW_BATCH_SIZE``, ``CARBONFLOW_MODE`` = train | profile, ...).
+    """
     env = dict(os.environ)
     env.update(spec.env)
+    env.update(work_env(spec, config or Config(), "profile" if max_steps is not None else "train"))
     env[PROGRESS_FILE_ENV] = str(progress_file)
     env[OUTPUT_DIR_ENV] = str(output_dir)
     env[STOP_FILE_ENV] = str(stop_file)
@@ -178,6 +186,16 @@ def training_env(
     if slowdown_file is not None:
         env[SIM_SLOWDOWN_FILE_ENV] = str(slowdown_file)
     return env
+
+
+def _working_dir(spec: JobSpec) -> str | None:
+    """The job's working directory (already resolved to an absolute path by whoever launched the run)."""
+    if spec.working_dir is None:
+        return None
+    path = Path(spec.working_dir)
+    if not path.is_dir():
+        raise ValueError(f"working_dir={spec.working_dir!r} of job {spec.name!r} is not a directory on this worker")
+    return str(path)
 
 
 def _set_busy(gpus: list[Any], busy: bool) -> bool:
@@ -271,9 +289,14 @@ def _run_on(
         limits: list[float | None] = list(sweep_limits_w) if sweep_limits_w else [plan.config.power_limit_w]
         sweep = _Sweep(limits, warmup_steps, profile_steps, stop_below_fraction)
     env = training_env(
-        spec, progress.path, out_dir, stop_file, sweep.total_steps() if sweep is not None else None, slowdown_file
-    )
+        spec, progress.path, out_dir, stop_file, sweep.total_steps() if sweep is not None else None, slowdown_file,
+        plan.config,
+    )  # fmt: skip
     env = pinned_env(env, gpus)
+    command = [word.replace("{output_dir}", str(out_dir)) for word in command]
+    cwd = _working_dir(spec)
+    print(f"carbonflow run: {shlex.join(command)} (in {cwd or os.getcwd()}, interpreter {sys.executable})",
+          file=sys.stderr, flush=True)  # fmt: skip
 
     received: list[int] = []
 
@@ -296,7 +319,7 @@ def _run_on(
                 sampler.__enter__()
             monitor.begin_window("run")
             try:
-                child = start_child(command, env, lease)
+                child = start_child(command, env, lease, cwd=cwd)
                 busy = False
                 while True:
                     if received:
@@ -444,6 +467,9 @@ def main_from_files(job_path: Path, plan_path: Path, result_path: Path, command:
     except GpuUnavailable as err:
         print(f"carbonflow run: {err}", file=sys.stderr)
         return GPU_UNAVAILABLE_EXIT
+    except ValueError as err:  # bad input found before the training started
+        print(f"carbonflow run: error: {err}", file=sys.stderr)
+        return 2
     except Terminated as err:
         print(f"carbonflow run: {err}; power limits restored", file=sys.stderr)
         return 128 + err.signum

@@ -7,6 +7,7 @@ work must be positive. Each error names the field, the value and what is allowed
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -88,6 +89,13 @@ def _check_power_limits(spec: JobSpec) -> None:
             )
 
 
+def _dag_folder(context: Any) -> str | None:
+    """The folder of the DAG file: a job's relative ``working_dir`` is resolved against it."""
+    dag = context.get("dag")
+    fileloc = getattr(dag, "fileloc", None)
+    return os.path.dirname(os.path.abspath(fileloc)) if fileloc else None
+
+
 class ValidateJobsOperator(BaseOperator):
     """First task of a DAG run: validate every job with the run's params; push each JobSpec to XCom.
 
@@ -125,8 +133,13 @@ class ValidateJobsOperator(BaseOperator):
                 allowed = ", ".join(sorted(str(job.get("name")) for job in self.jobs))
                 raise RequestError(f"{self.only_param}={wanted!r} is not a known job; allowed: {allowed}")
         names = []
+        dag_folder = _dag_folder(context)
         for base in jobs:
             spec = validate_job(apply_overrides(base, overrides))
+            if spec.working_dir is not None and dag_folder is not None and not os.path.isabs(spec.working_dir):
+                spec = spec.model_copy(
+                    update={"working_dir": os.path.normpath(os.path.join(dag_folder, spec.working_dir))}
+                )
             context["ti"].xcom_push(key=spec.name, value=spec.model_dump_json())
             self.log.info("job %s valid: region %s, objective %s", spec.name, spec.region, spec.objective)
             names.append(spec.name)

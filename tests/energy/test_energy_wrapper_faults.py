@@ -25,7 +25,7 @@ GPUS = [{"limit_mw": 300000}, {"limit_mw": 280000}, {"limit_mw": 250000}, {"limi
 
 
 def _files(tmp_path: Path, command: list[str]) -> tuple[Path, Path, Path]:
-    job = JobSpec(name="fault-test", command=command, epochs=1, region="GB", max_containers=4)
+    job = JobSpec(name="fault-test", command=command, steps=1, region="GB", max_containers=4)
     plan = Plan(
         job=job.name,
         config=Config(containers=4, power_limit_w=160),  # one GPU per container: all 4 GPUs

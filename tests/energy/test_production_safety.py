@@ -32,7 +32,7 @@ FAKE_DIR = Path(__file__).parent / "fake_pynvml"
 
 def _write_run_files(tmp: Path, name: str, limit_w: float | None, containers: int = 1) -> tuple[Path, Path]:
     tmp.mkdir(parents=True, exist_ok=True)
-    job = JobSpec(name=name, command=["true"], epochs=1, region="GB", max_containers=max(containers, 1))
+    job = JobSpec(name=name, command=["true"], steps=1, region="GB", max_containers=max(containers, 1))
     plan = Plan(
         job=name, config=Config(containers=containers, power_limit_w=limit_w), start=datetime.now(UTC),
         predicted_duration_s=1, predicted_energy_j=1, predicted_emissions_g=1, region="GB",
@@ -235,7 +235,7 @@ def test_a_retry_never_runs_beside_a_living_training(fake_nvml, journal_dir, tmp
 def test_job_env_setting_cuda_visible_devices_is_refused_by_name():
     """Before: ``env: {CUDA_VISIBLE_DEVICES: "3"}`` trained on GPU 3 while GPU 0 was capped and measured."""
     with pytest.raises(ValidationError, match="CUDA_VISIBLE_DEVICES"):
-        JobSpec(name="j", command=["true"], epochs=1, region="GB", env={"CUDA_VISIBLE_DEVICES": "3"})
+        JobSpec(name="j", command=["true"], steps=1, region="GB", env={"CUDA_VISIBLE_DEVICES": "3"})
 
 
 def test_zeusd_is_told_the_host_index_not_the_container_index(fake_nvml, journal_dir, tmp_path, monkeypatch):
