@@ -11,7 +11,6 @@ from pathlib import Path
 from carbonflow.energy.accounting import emissions_g
 from carbonflow.execution.wrapper import WrappedRun
 from carbonflow.models import ForecastPoint, Plan, RunResult
-from carbonflow.planning.saving import saving_fraction as one_saving_fraction
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +82,8 @@ def to_run_result(
     if baseline_energy_ratio is not None and baseline_intensity_gco2_per_kwh is not None:
         run_now_g = energy_total_j * baseline_energy_ratio / 3.6e6 * baseline_intensity_gco2_per_kwh
         saving_g = run_now_g - emissions
+        from carbonflow.planning.saving import saving_fraction as one_saving_fraction  # lazy: the planner is heavy
+
         saving_fraction = one_saving_fraction(emissions, run_now_g)  # carbonflow's one saving definition
         notes.append("emissions_run_now_default_g is predicted (profile energy ratio × run-now intensity)")
     if plan.replay:

@@ -18,7 +18,6 @@ from fastapi import Depends, FastAPI, Query
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from carbonflow.planning.saving import format_saving
 from carbonflow.web.chart import forecast_svg
 from carbonflow.web.data import PageData, RunRow, UpcomingJob, latest_runs, page_forecast
 
@@ -41,6 +40,8 @@ def _badges(row: RunRow) -> str:
 
 
 def _runs_table(runs: list[RunRow]) -> str:
+    from carbonflow.planning.saving import format_saving  # the one saving figure (lazy: the planner is heavy)
+
     head = (
         "<tr><th>job</th><th>started (UTC)</th><th>config</th><th>duration s</th><th>energy kWh</th>"
         "<th>emissions gCO2e</th><th>intensity g/kWh</th><th>test accuracy</th><th>saving g</th>"
