@@ -74,3 +74,16 @@ def test_nightly_ceiling_on_a_flat_night_is_the_least_energy_within_the_bound():
     assert energy == pytest.approx(best)
     assert grams == pytest.approx(energy / J_PER_KWH * 200.0)
     assert start_s == 0.0  # a flat night: ties go to the earliest start
+
+
+def test_vs_zeus_charges_profiling_by_zeus_rule_unless_told_otherwise():
+    from types import SimpleNamespace
+
+    vz = _load("vs_zeus")
+    dataset = next(iter(vz.SAMPLES_PER_EPOCH))
+    w = SimpleNamespace(power_limits=[100, 150, 200, 250], dataset=dataset)
+    assert vz.PROFILING_RULE == "zeus"
+    assert vz.profile_slice_epochs(w, 64) == pytest.approx(0.25)  # 1/|P| of the first epoch per limit, as Zeus
+    vz.PROFILING_RULE = "own"
+    own = min(vz.PROFILE_STEPS * 64 / vz.SAMPLES_PER_EPOCH[dataset], 0.25)
+    assert vz.profile_slice_epochs(w, 64) == pytest.approx(own)
