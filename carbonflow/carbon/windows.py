@@ -76,23 +76,38 @@ class IntervalChoice(BaseModel):
         return self.intervals[0][0]
 
 
-def _arrays(
-    points: Sequence[ForecastPoint], origin: datetime | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Slot starts, ends (epoch seconds, or exact seconds after ``origin``) and values, overlaps cut."""
+_SERIES_CACHE: dict[int, tuple[Sequence[ForecastPoint], datetime, np.ndarray, np.ndarray, np.ndarray]] = {}
+_SERIES_CACHE_SIZE = 32
+
+
+def _series(points: Sequence[ForecastPoint]) -> tuple[datetime, np.ndarray, np.ndarray, np.ndarray]:
+    """(first slot start, starts and ends in exact seconds after it, values), overlaps cut; remembered for the
+    last few point lists (by identity: a night plans many jobs and pairs on the same forecast)."""
+    hit = _SERIES_CACHE.get(id(points))
+    if hit is not None and hit[0] is points:
+        return hit[1], hit[2], hit[3], hit[4]
     pts = sorted(points, key=lambda p: p.start)
-    if origin is None:
-        t0 = np.array([p.start.timestamp() for p in pts], dtype=float)
-        t1 = np.array([p.end.timestamp() for p in pts], dtype=float)
-    else:
-        t0 = np.array([(p.start - origin).total_seconds() for p in pts], dtype=float)
-        t1 = np.array([(p.end - origin).total_seconds() for p in pts], dtype=float)
+    first = pts[0].start
+    t0 = np.array([(p.start - first).total_seconds() for p in pts], dtype=float)
+    t1 = np.array([(p.end - first).total_seconds() for p in pts], dtype=float)
     val = np.array([p.gco2_per_kwh for p in pts], dtype=float)
     if len(pts) > 1:  # drop overlaps: a slot starting before the previous one ended is cut
         t0[1:] = np.maximum(t0[1:], t1[:-1])
         keep = t1 > t0
         t0, t1, val = t0[keep], t1[keep], val[keep]
-    return t0, t1, val
+    if len(_SERIES_CACHE) >= _SERIES_CACHE_SIZE:
+        _SERIES_CACHE.pop(next(iter(_SERIES_CACHE)))
+    _SERIES_CACHE[id(points)] = (points, first, t0, t1, val)  # holds the list, so its id is not reused
+    return first, t0, t1, val
+
+
+def _arrays(
+    points: Sequence[ForecastPoint], origin: datetime | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Slot starts, ends (epoch seconds, or exact seconds after ``origin``) and values, overlaps cut."""
+    first, t0, t1, val = _series(points)
+    shift = first.timestamp() if origin is None else (first - origin).total_seconds()
+    return t0 + shift, t1 + shift, val.copy()
 
 
 def _cumulative(t0: np.ndarray, t1: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -192,6 +192,18 @@ class _PairOption:
     unit: str
 
 
+def _reference(
+    spec: JobSpec, profile: Profile, history: JobHistory | None, refs: dict[str, Candidate] | None
+) -> Candidate:
+    """The job's reference configuration's prediction (remembered in ``refs`` when given)."""
+    if refs is not None and spec.name in refs:
+        return refs[spec.name]
+    _, ref, _ = predict_candidates(spec, profile, history)
+    if refs is not None:
+        refs[spec.name] = ref
+    return ref
+
+
 def _pair_option(
     spec_a: JobSpec,
     spec_b: JobSpec,
@@ -203,10 +215,13 @@ def _pair_option(
     forecast: Forecast | None,
     now: datetime,
     history: JobHistory | None,
+    refs: dict[str, Candidate] | None = None,
 ) -> _PairOption | None:
-    """Best joint start of a co-located pair (each at its reference configuration) and its saving."""
-    _, ref_a, _ = predict_candidates(spec_a, prof_a, history)
-    _, ref_b, _ = predict_candidates(spec_b, prof_b, history)
+    """Best joint start of a co-located pair (each at its reference configuration) and its saving.
+
+    ``refs`` remembers each job's reference prediction across the night's pairs."""
+    ref_a = _reference(spec_a, prof_a, history, refs)
+    ref_b = _reference(spec_b, prof_b, history, refs)
     if ref_a.config.containers != 1 or ref_b.config.containers != 1:
         return None
     slow = predict_pair_slowdown(spec_a.name, spec_b.name, ref_a.duration_s, ref_b.duration_s, [pair], history)
@@ -343,6 +358,7 @@ def plan_night(
         return [solo[n] for n in names]
 
     options: dict[tuple[str, str], _PairOption] = {}
+    refs: dict[str, Candidate] = {}
     slowdowns: dict[tuple[str, str], tuple[float, float] | None] = {}
     savings: dict[tuple[str, str], float] = {}
     known = {(p.job_a, p.job_b) for p in pair_profiles or ()} | {(p.job_b, p.job_a) for p in pair_profiles or ()}
@@ -357,7 +373,7 @@ def plan_night(
         assert pair is not None
         try:
             opt = _pair_option(
-                sa, sb, profiles[a], profiles[b], solo[a], solo[b], pair, forecasts.get(sa.region), now, history
+                sa, sb, profiles[a], profiles[b], solo[a], solo[b], pair, forecasts.get(sa.region), now, history, refs
             )
         except (DeadlineError, ValueError):
             continue
