@@ -15,10 +15,8 @@ API others call::
       .run_cost_model(job, profile_prediction) -> RunCostModel   # what the planner predicts with
       .epochs_to_target(job, batch_size) -> float | None
       .pair_slowdown(job, other) -> float | None         # worst observed slowdown of job next to other
-    BatchSizeExplorer(batch_sizes, default_batch_size, prior_cost_per_epoch, ...)  # see class doc
-      .choose(rng) -> int; .stop_threshold(batch_size) -> float; .observe(batch_size, cost, reached, epochs)
-      .unprofiled() -> list[int]; .add_profile(batch_size, cost_per_epoch)   # lazy profiling
-      .budget() -> float; .charge(cost)                                      # conservative exploration
+    fit_fixed_and_rate(profile_figures, realised) -> (fixed, factor)
+    (the batch-size explorer: carbonflow.planning.batch_size)
 
 Prediction (what the planner uses): :class:`RunCostModel`, a per-run fixed part (start-up, data loading,
 evaluation) plus a per-sample factor on the profile's figures, for time and energy, learned per job from its
@@ -27,8 +25,7 @@ every configuration of the job.
 
 Per-configuration ratio (``correction``, kept for reports): realised/predicted duration and energy, per job
 and configuration, over the last ``drift_window`` runs (median, robust to one odd night); when a configuration has
-no runs,
-the job-wide ratio is used (shrunk toward 1 by the number of runs). A data drift shows up as a moving ratio
+no runs, the job-wide ratio is used (shrunk toward 1 by the number of runs). A data drift shows up as a moving ratio
 and the window forgets older nights.
 
 Batch-size exploration lives in :mod:`carbonflow.planning.batch_size`.
