@@ -4,9 +4,6 @@ Pure and deterministic: the same inputs give the same Plan (``created_at`` is se
 
 API others call::
 
-    choose_batch_size(spec, profile, history, seed=0) -> int | None   # learned across recurrences
-    batch_size_explorer(spec, profile, history) -> BatchSizeExplorer | None  # its state (e.g. stop_threshold)
-    deadline_epochs(spec, history, batch_size) -> float | None        # epochs the deadline is planned for
     plan_job(spec: JobSpec, profile: Profile, forecast: Forecast | None, now: datetime,
              history: JobHistory | None = None, *, on_infeasible: "raise" | "fastest" = "raise",
              alternatives_per_config: int = 3, early_stop: bool = False,
@@ -15,6 +12,8 @@ API others call::
                        default_power_limit_w=None, max_power_w=None) -> float
     predict_candidates(spec, profile, history=None) -> (list[Candidate], reference Candidate, Reference)
     work_samples(spec, profile, batch_size=None, history=None) -> float
+
+(The batch size learned across recurrences and its deadline margins: :mod:`carbonflow.planning.batch_size`.)
 
 How a plan is made
 ------------------
