@@ -476,7 +476,7 @@ class CarbonAwareTrainingOperator(BaseOperator):
             spec, plan, result, profile=profile, forecast=forecast, actual_points=points,
             power_trace_csv=Path(trace) if trace else None,
             model_path=model_path if model_path is not None and model_path.exists() else None,
-            tracking_uri=self.tracking_uri,
+            tracking_uri=self.tracking_uri, **_run_identity(context, spec.name),
         )  # fmt: skip
         info = outcome.model_dump(mode="json") if hasattr(outcome, "model_dump") else dict(outcome)
         if info.get("spooled"):
@@ -493,6 +493,29 @@ class CarbonAwareTrainingOperator(BaseOperator):
 
 def _is_fallback(forecast: Forecast) -> bool:
     return forecast.provider.split(":")[0] in {"static", "climatology"}
+
+
+def _run_identity(context: Any, job: str) -> dict[str, Any]:
+    """The run's deterministic idempotency key and its Airflow provenance tags.
+
+    A retry of this task reuses the key (it finds the run its earlier try logged); a cleared DAG run gets a
+    new one (``clear_number``), so it logs a new run instead of returning the old outcome.
+    """
+    from carbonflow.tracking import schema
+    from carbonflow.tracking.spool import run_idempotency_key
+
+    if not context or "ti" not in context:
+        return {}
+    ti, dag_run = context["ti"], context.get("dag_run")
+    dag_run_id = str(context.get("run_id", getattr(dag_run, "run_id", "manual")))
+    clear_number = int(getattr(dag_run, "clear_number", 0) or 0)
+    run_type = str(getattr(dag_run, "run_type", "") or "")
+    key = run_idempotency_key(ti.dag_id, dag_run_id, clear_number, ti.task_id, int(getattr(ti, "map_index", -1)), job)
+    provenance = {
+        schema.T_DAG_ID: ti.dag_id, schema.T_DAG_RUN_ID: dag_run_id, schema.T_TASK_ID: ti.task_id,
+        schema.T_RUN_KIND: "nightly" if run_type.lower().endswith("scheduled") else "on_demand",
+    }  # fmt: skip
+    return {"idempotency_key": key, "provenance": provenance}
 
 
 def _run_id(context: Any) -> str:

@@ -91,8 +91,13 @@ def training_record(
     power_trace_csv: Path | None = None,
     model_path: Path | None = None,
     idempotency_key: str | None = None,
+    provenance: dict[str, str] | None = None,
 ) -> RunRecord:
-    """The complete MLflow record of one training run (artifacts rendered into ``workdir``)."""
+    """The complete MLflow record of one training run (artifacts rendered into ``workdir``).
+
+    ``provenance``: the Airflow context the run came from (``carbonflow.dag_id``, ``carbonflow.dag_run_id``,
+    ``carbonflow.task_id``, ``carbonflow.run_kind``), added to the run's tags.
+    """
     _check_same_job(spec, plan, result)
     if power_trace_csv is not None and not Path(power_trace_csv).is_file():
         raise ValueError(f"power_trace_csv={str(power_trace_csv)!r} is not a file; give the monitor's CSV or None")
@@ -236,6 +241,8 @@ def training_record(
             folder = schema.A_MODEL_DIR if sub == "." else f"{schema.A_MODEL_DIR}/{sub}"
             artifacts.append(ArtifactFile(file=str(file), artifact_path=folder))
 
+    tags.update(provenance or {})
+    tags[schema.T_SCHEMA_VERSION] = schema.SCHEMA_VERSION
     return RunRecord(
         idempotency_key=idempotency_key or new_idempotency_key(),
         job=spec.name,
@@ -266,6 +273,8 @@ def log_training_run(
     model_path: Path | None = None,
     tracking_uri: str | None = None,
     spool_dir: Path | None = None,
+    idempotency_key: str | None = None,
+    provenance: dict[str, str] | None = None,
 ) -> TrackingOutcome:
     """Log one training run (schema, plan/result JSON, power trace, Pareto and forecast PNGs, model).
 
@@ -285,6 +294,8 @@ def log_training_run(
             actual_points=actual_points,
             power_trace_csv=power_trace_csv,
             model_path=model_path,
+            idempotency_key=idempotency_key,
+            provenance=provenance,
         )
         return deliver(record, tracking_uri, root=spool_dir)
 

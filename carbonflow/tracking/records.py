@@ -60,6 +60,7 @@ class SpoolEntryMeta(_Record):
     last_error: str | None = None
     last_attempt_at: datetime | None = None
     record: RunRecord
+    format_version: int = Field(default=1, description="1: written by carbonflow 0.1.0 (no version field); 2: now")
 
 
 class TrackingOutcome(_Record):

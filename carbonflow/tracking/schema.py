@@ -89,6 +89,16 @@ T_POWER_LIMIT_APPLIED = "carbonflow.power_limit_applied"
 T_MODEL_REGISTERED = "carbonflow.model_registered"
 T_MODEL_REGISTRY_NOTE = "carbonflow.model_registry_note"
 T_REACHED_TARGET = "carbonflow.reached_target"
+T_DAG_ID = "carbonflow.dag_id"
+T_DAG_RUN_ID = "carbonflow.dag_run_id"
+T_TASK_ID = "carbonflow.task_id"
+T_RUN_KIND = "carbonflow.run_kind"
+"""Why the run happened: ``nightly`` (a scheduled recurrence), ``on_demand`` (a manual trigger), ``dev``."""
+T_SCHEMA_VERSION = "carbonflow.schema_version"
+T_LOGGED_LATE = "carbonflow.logged_late"
+"""``true`` when the record reached MLflow after an outage (from the spool or a held XCom record)."""
+SCHEMA_VERSION = "2"
+"""Runs logged by carbonflow 0.1.0 carry no ``carbonflow.schema_version`` (version 1)."""
 T_NOTE = "mlflow.note.content"  # MLflow's run description: plan reason + run notes
 T_PARENT_RUN_ID = "mlflow.parentRunId"
 
@@ -190,6 +200,12 @@ SCHEMA: tuple[SchemaEntry, ...] = (
     SchemaEntry(T_IDEMPOTENCY_KEY, "tag", "all", "client-made key; replay from the spool never duplicates a run"),
     SchemaEntry(T_COMPLETE, "tag", "all", "`true` once every field and artifact was written"),
     SchemaEntry(T_SPOOLED, "tag", "all", "`true` when the run was written later from the local spool (outage)"),
+    SchemaEntry(T_LOGGED_LATE, "tag", "all", "`true` when the run reached MLflow after an outage"),
+    SchemaEntry(T_DAG_ID, "tag", "training", "the Airflow DAG whose task ran the training"),
+    SchemaEntry(T_DAG_RUN_ID, "tag", "training", "the Airflow DAG run"),
+    SchemaEntry(T_TASK_ID, "tag", "training", "the Airflow task"),
+    SchemaEntry(T_RUN_KIND, "tag", "training", "`nightly` (scheduled recurrence) or `on_demand` (manual trigger)"),
+    SchemaEntry(T_SCHEMA_VERSION, "tag", "training", "version of this schema (absent: carbonflow 0.1.0)"),
     # artifacts
     SchemaEntry(A_PLAN, "artifact", "training", "the Plan (configuration, start, predictions, alternatives)"),
     SchemaEntry(A_RESULT, "artifact", "training", "the RunResult (per-device energy and labels, notes)"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import os
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -31,11 +32,25 @@ REPLAYED_LOG = "replayed.jsonl"
 FAILED_DIR = "failed"
 #: A reachable store refusing an entry this many times is not an outage: the entry is quarantined.
 MAX_ATTEMPTS = 5
+#: Entries written by 0.1.0 carry no version and read as 1; this version is written now.
+SPOOL_FORMAT_VERSION = 2
 
 
 def new_idempotency_key() -> str:
-    """A fresh client-made idempotency key."""
+    """A fresh client-made idempotency key (runs outside Airflow; see :func:`run_idempotency_key`)."""
     return uuid.uuid4().hex
+
+
+def run_idempotency_key(
+    dag_id: str, dag_run_id: str, clear_number: int, task_id: str, map_index: int, job: str, kind: str = "training"
+) -> str:
+    """The key of one run of ``job`` by one Airflow task attempt chain: the same for every retry of the task
+    (a retry finds the run its previous try logged and does not log a second), new when the DAG run is
+    cleared (``clear_number`` + 1: a cleared run is a new run)."""
+    import hashlib
+
+    text = "\x1f".join([dag_id, dag_run_id, str(clear_number), task_id, str(map_index), job, kind])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def spool_root(home: Path | None = None) -> Path:
@@ -83,13 +98,25 @@ def write_spool(record: RunRecord, tracking_uri: str, *, root: Path | None = Non
     tmp.mkdir()
     try:
         local = _localise(record, tmp / "files", [0])
-        meta = SpoolEntryMeta(tracking_uri=tracking_uri, reason=reason, record=local)
-        (tmp / ENTRY_FILE).write_text(meta.model_dump_json(indent=1))
+        meta = SpoolEntryMeta(
+            tracking_uri=tracking_uri, reason=reason, record=local, format_version=SPOOL_FORMAT_VERSION
+        )
+        _write_entry(tmp, meta)
         tmp.rename(final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return SpoolEntry(final, meta)
+
+
+def _write_entry(folder: Path, meta: SpoolEntryMeta) -> None:
+    """Replace ``entry.json`` atomically (temporary file, fsync, rename): a kill mid-write leaves the old one."""
+    tmp = folder / f".{ENTRY_FILE}.{uuid.uuid4().hex[:8]}"
+    with tmp.open("w") as handle:
+        handle.write(meta.model_dump_json(indent=1))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, folder / ENTRY_FILE)
 
 
 def _load(path: Path) -> SpoolEntry | None:
@@ -142,7 +169,7 @@ def _flush(entry: SpoolEntry, uri: str, *, from_spool: bool) -> tuple[str, str, 
                 result = write_record(client_for(uri), uri, meta.record, entry.path, from_spool=from_spool)
         except Exception as exc:
             meta.last_error = f"{type(exc).__name__}: {exc}"[:2000]
-            (entry.path / ENTRY_FILE).write_text(meta.model_dump_json(indent=1))
+            _write_entry(entry.path, meta)
             raise
         line = {
             "idempotency_key": meta.record.idempotency_key,
@@ -257,7 +284,7 @@ def _spooled(entry: SpoolEntry, outcome: TrackingOutcome, reason: str) -> Tracki
     if entry.path.exists():
         meta = entry.meta
         meta.reason = reason
-        (entry.path / ENTRY_FILE).write_text(meta.model_dump_json(indent=1))
+        _write_entry(entry.path, meta)
     outcome.spooled = True
     outcome.reason = reason
     outcome.spool_path = str(entry.path)

@@ -9,6 +9,9 @@ outage is resumed on the same run, never duplicated.
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -104,6 +107,41 @@ def find_run_by_key(client: MlflowClient, experiment_id: str, key: str) -> Run |
     return runs[0] if runs else None
 
 
+@contextmanager
+def _no_client_retries() -> Iterator[None]:
+    """MLflow's REST client retries a POST whose reply timed out; for ``create_run`` that makes a second run."""
+    previous = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("MLFLOW_HTTP_REQUEST_MAX_RETRIES", None)
+        else:
+            os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = previous
+
+
+def create_run_once(client: MlflowClient, experiment_id: str, record: RunRecord, tags: dict[str, str]) -> Run:
+    """Create the record's run exactly once: one attempt without client retries, then look the key up.
+
+    A create whose reply was lost (timeout, reset) may still have been committed by the server; the
+    idempotency-key lookup finds that run instead of creating a second one. Only when no run carries the
+    key is the error raised (the caller spools or retries, and its retry looks the key up first).
+    """
+    try:
+        with _no_client_retries():
+            return client.create_run(
+                experiment_id, start_time=record.start_time_ms, tags=tags, run_name=record.run_name
+            )
+    except Exception:
+        committed = find_run_by_key(client, experiment_id, record.idempotency_key)
+        if committed is None:
+            raise
+        log.warning("create_run of %s failed but the server had created it: using run %s",
+                    record.idempotency_key, committed.info.run_id)  # fmt: skip
+        return committed
+
+
 def next_recurrence(client: MlflowClient, experiment_id: str) -> int:
     """1 + the highest recurrence index among the experiment's training runs (1 for a new job)."""
     runs = search_all_runs(client, [experiment_id], tag_filter(schema.T_KIND, schema.KIND_TRAINING))
@@ -196,7 +234,8 @@ def write_record(
             version = next((str(v.version) for v in versions if v.name == record.registry.model_name), None)
         return run.info.run_id, experiment_id, version
 
-    extra_tags: dict[str, str] = {schema.T_SPOOLED: "true" if from_spool else "false"}
+    late = "true" if from_spool else "false"
+    extra_tags: dict[str, str] = {schema.T_SPOOLED: late, schema.T_LOGGED_LATE: late}
     if run is None:
         create_tags = {**record.tags, schema.T_IDEMPOTENCY_KEY: record.idempotency_key}
         create_tags.pop(schema.T_COMPLETE, None)
@@ -204,9 +243,7 @@ def write_record(
             create_tags[schema.T_PARENT_RUN_ID] = parent_run_id
         if record.assign_recurrence:
             create_tags[schema.T_RECURRENCE] = str(next_recurrence(client, experiment_id))
-        run = client.create_run(
-            experiment_id, start_time=record.start_time_ms, tags=create_tags, run_name=record.run_name
-        )
+        run = create_run_once(client, experiment_id, record, create_tags)
     else:
         log.info("resuming incomplete run %s (idempotency key %s)", run.info.run_id, record.idempotency_key)
     if schema.T_RECURRENCE in run.data.tags:

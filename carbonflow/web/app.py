@@ -2,7 +2,13 @@
 
 Routes: ``/carbon`` (HTML: forecast chart with the planned windows of waiting jobs, latest runs' energy,
 emissions, accuracy and savings from MLflow), ``/api/runs`` and ``/api/forecast`` (the same data as JSON),
-``/static/*`` (the page's CSS and icon, shipped in the package: it works offline).
+``/static/*`` (the page's CSS and icon, shipped in the package: it works offline), ``/healthz``.
+
+Every route goes through the app's dependencies (the plugin adds Airflow's login); there is no
+``/docs``, ``/redoc`` or ``/openapi.json``. A user sees only the waiting jobs and runs of DAGs Airflow's
+auth manager lets them read (``readable_dags``); runs logged outside any DAG only by users who may read
+every DAG. A page load never waits on a live carbon provider for more than ``forecast_wait_s``: the
+forecast is served from a cache refreshed in the background.
 """
 
 from __future__ import annotations
@@ -14,17 +20,30 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from fastapi import Depends, FastAPI, Query
-from fastapi.responses import HTMLResponse, JSONResponse
-from fastapi.staticfiles import StaticFiles
+from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 
 from carbonflow.web.chart import forecast_svg
-from carbonflow.web.data import PageData, RunRow, UpcomingJob, latest_runs, page_forecast
+from carbonflow.web.data import (
+    ForecastCache,
+    PageData,
+    ReadableDags,
+    RunRow,
+    UpcomingJob,
+    latest_runs,
+    page_forecast,
+)
 
 log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).parent / "static"
 UpcomingSource = Callable[[], list[UpcomingJob]]
+STATIC_FILES = {"carbonflow.css": "text/css", "leaf.svg": "image/svg+xml"}
+
+
+def everything() -> ReadableDags:
+    """Every DAG: the page without Airflow login (``CARBONFLOW_UI_AUTH=none``) and tests."""
+    return ReadableDags(dag_ids=set(), all_dags=True)
 
 
 def _fmt(value: float | None, spec: str = ".3g", suffix: str = "") -> str:
@@ -124,26 +143,36 @@ def create_app(
     upcoming_source: UpcomingSource | None = None,
     run_limit: int = 20,
     dependencies: list[Any] | None = None,
+    readable_dags: Callable[..., ReadableDags] = everything,
+    forecast_wait_s: float = 2.0,
 ) -> FastAPI:
     """Build the app. ``upcoming_source`` lists waiting jobs (the plugin reads Airflow's deferred tasks);
-    ``dependencies`` guard every route (the plugin adds Airflow's authentication)."""
+    ``dependencies`` guard every route (the plugin adds Airflow's authentication); ``readable_dags`` is a
+    FastAPI dependency saying which DAGs the user may read (the plugin asks Airflow's auth manager)."""
     from carbonflow.tracking.uri import resolve_tracking_uri
 
-    app = FastAPI(title="carbonflow", dependencies=dependencies or [])
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app = FastAPI(title="carbonflow", dependencies=dependencies or [], docs_url=None, redoc_url=None,
+                  openapi_url=None)  # fmt: skip
+    forecasts = ForecastCache(page_forecast, wait_s=forecast_wait_s)
 
-    def gather(region: str | None, limit: int) -> PageData:
+    @app.get("/static/{name}")
+    def static(name: str) -> FileResponse:
+        if name not in STATIC_FILES:
+            raise HTTPException(status_code=404, detail=f"no static file {name!r}")
+        return FileResponse(STATIC_DIR / name, media_type=STATIC_FILES[name])
+
+    def gather(region: str | None, limit: int, readable: ReadableDags) -> PageData:
         uri = resolve_tracking_uri(tracking_uri)
         errors: list[str] = []
         upcoming: list[UpcomingJob] = []
         if upcoming_source is not None:
             try:
-                upcoming = upcoming_source()
+                upcoming = [j for j in upcoming_source() if readable.allows(j.dag_id)]
             except Exception as exc:
                 log.warning("cannot list waiting jobs: %s", exc)
                 errors.append(f"Waiting jobs unavailable: {type(exc).__name__}: {exc}")
         try:
-            forecast = page_forecast(upcoming, region)
+            forecast = forecasts.get(upcoming, region)
         except ValueError:
             raise
         except Exception as exc:
@@ -151,7 +180,7 @@ def create_app(
             errors.append(f"Forecast unavailable: {type(exc).__name__}: {exc}")
             forecast = None
         try:
-            runs = latest_runs(uri, limit)
+            runs = [r for r in latest_runs(uri, limit, readable) if readable.allows(r.dag_id)]
         except Exception as exc:
             log.warning("cannot read MLflow at %s: %s", uri, exc)
             errors.append(f"MLflow unavailable at {uri}: {type(exc).__name__}: {exc}")
@@ -162,21 +191,33 @@ def create_app(
         return JSONResponse({"detail": str(exc)}, status_code=400)
 
     @app.get("/carbon", response_class=HTMLResponse)
-    def carbon_page(region: str | None = Query(default=None), limit: int = Query(default=run_limit, ge=1, le=200)):
+    def carbon_page(
+        region: str | None = Query(default=None),
+        limit: int = Query(default=run_limit, ge=1, le=200),
+        readable: ReadableDags = Depends(readable_dags),
+    ):
         try:
-            return HTMLResponse(render_page(gather(region, limit)))
+            data = gather(region, limit, readable)
         except ValueError as exc:
             return _bad_request(exc)
+        if data.forecast is None and forecasts.pending(region):
+            data.errors.append("The forecast is being fetched; reload in a few seconds.")
+        return HTMLResponse(render_page(data))
 
     @app.get("/api/runs")
-    def api_runs(limit: int = Query(default=run_limit, ge=1, le=200)) -> list[dict[str, Any]]:
-        return [r.to_json() for r in latest_runs(resolve_tracking_uri(tracking_uri), limit)]
+    def api_runs(
+        limit: int = Query(default=run_limit, ge=1, le=200), readable: ReadableDags = Depends(readable_dags)
+    ) -> list[dict[str, Any]]:
+        runs = latest_runs(resolve_tracking_uri(tracking_uri), limit, readable)
+        return [r.to_json() for r in runs if readable.allows(r.dag_id)]
 
     @app.get("/api/forecast")
-    def api_forecast(region: str | None = Query(default=None)):
+    def api_forecast(region: str | None = Query(default=None), readable: ReadableDags = Depends(readable_dags)):
         try:
-            upcoming = upcoming_source() if upcoming_source else []
-            fc = page_forecast(upcoming, region)
+            upcoming = [j for j in (upcoming_source() if upcoming_source else []) if readable.allows(j.dag_id)]
+            fc = forecasts.get(upcoming, region)
+            if fc is None:
+                return JSONResponse({"detail": "the forecast is being fetched; retry in a few seconds"}, 503)
         except ValueError as exc:
             return _bad_request(exc)
         return {
@@ -200,3 +241,19 @@ def airflow_auth_dependency() -> Any:
     from airflow.api_fastapi.core_api.security import get_user
 
     return Depends(get_user)
+
+
+def airflow_readable_dags() -> Callable[..., ReadableDags]:
+    """A dependency asking Airflow's auth manager which DAGs the logged-in user may read."""
+    from airflow.api_fastapi.core_api.security import get_user
+
+    def readable(user: Any = Depends(get_user)) -> ReadableDags:
+        from airflow.api_fastapi.app import get_auth_manager
+
+        manager = get_auth_manager()
+        return ReadableDags(
+            dag_ids=set(manager.get_authorized_dag_ids(user=user, method="GET")),
+            all_dags=bool(manager.is_authorized_dag(method="GET", user=user)),
+        )
+
+    return readable

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -49,6 +52,8 @@ class RunRow:
     saving_fraction: float | None
     energy_labels: str
     replay: bool
+    dag_id: str = ""
+    """The DAG that ran it (``carbonflow.dag_id``); empty for runs logged outside Airflow or by 0.1.0."""
 
     @property
     def energy_total_kwh(self) -> float | None:
@@ -59,6 +64,77 @@ class RunRow:
         out["started_at"] = self.started_at.isoformat()
         out["energy_total_kwh"] = self.energy_total_kwh
         return out
+
+
+@dataclass(frozen=True)
+class ReadableDags:
+    """What a user may read: these DAG ids, or every DAG (then also runs logged outside any DAG)."""
+
+    dag_ids: set[str]
+    all_dags: bool = False
+
+    def allows(self, dag_id: str) -> bool:
+        return self.all_dags or (bool(dag_id) and dag_id in self.dag_ids)
+
+
+class ForecastCache:
+    """The page's forecast per region, fetched in the background: a page load waits at most ``wait_s``.
+
+    A cached forecast younger than ``ttl_s`` is served at once; an older one is served while a refresh
+    runs in a background thread. With nothing cached the load waits up to ``wait_s`` for the first fetch,
+    then renders without a forecast (and says it is being fetched). A forecast a waiting job planned on is
+    used directly (it costs nothing to fetch).
+    """
+
+    def __init__(self, fetch: Callable[..., Forecast], wait_s: float = 2.0, ttl_s: float = 900.0) -> None:
+        self.fetch, self.wait_s, self.ttl_s = fetch, wait_s, ttl_s
+        self._lock = threading.Lock()
+        self._cached: dict[str | None, tuple[float, Forecast]] = {}
+        self._running: dict[str | None, threading.Thread] = {}
+        self._errors: dict[str | None, Exception] = {}
+
+    def get(self, upcoming: list[UpcomingJob], region: str | None) -> Forecast | None:
+        planned = [j for j in upcoming if j.forecast is not None and (region is None or j.plan.region == region)]
+        if planned:
+            return self.fetch(upcoming, region)
+        with self._lock:
+            hit = self._cached.get(region)
+            fresh = hit is not None and time.monotonic() - hit[0] < self.ttl_s
+            thread = None if fresh else self._start(region)
+        if hit is not None:
+            return hit[1]
+        if thread is not None:
+            thread.join(self.wait_s)
+        with self._lock:
+            error = self._errors.pop(region, None)
+            hit = self._cached.get(region)
+        if error is not None and hit is None:
+            raise error
+        return hit[1] if hit else None
+
+    def pending(self, region: str | None) -> bool:
+        thread = self._running.get(region)
+        return thread is not None and thread.is_alive()
+
+    def _start(self, region: str | None) -> threading.Thread:
+        running = self._running.get(region)
+        if running is not None and running.is_alive():
+            return running
+        thread = threading.Thread(target=self._refresh, args=(region,), daemon=True, name=f"forecast-{region}")
+        self._running[region] = thread
+        thread.start()
+        return thread
+
+    def _refresh(self, region: str | None) -> None:
+        try:
+            forecast = self.fetch([], region)
+        except Exception as exc:  # shown on the next load; the cached forecast (if any) stays
+            log.warning("forecast refresh for %s failed: %s", region, exc)
+            with self._lock:
+                self._errors[region] = exc
+            return
+        with self._lock:
+            self._cached[region] = (time.monotonic(), forecast)
 
 
 @dataclass
@@ -87,8 +163,11 @@ def _f(metrics: dict[str, float], name: str) -> float | None:
     return None if value is None else float(value)
 
 
-def latest_runs(tracking_uri: str | None = None, limit: int = 20) -> list[RunRow]:
-    """The ``limit`` newest training runs across all ``carbonflow/<job>`` experiments, newest first."""
+def latest_runs(tracking_uri: str | None = None, limit: int = 20, readable: ReadableDags | None = None) -> list[RunRow]:
+    """The ``limit`` newest training runs across all ``carbonflow/<job>`` experiments, newest first.
+
+    With ``readable``, only runs of DAGs the user may read (more rows are read so that ``limit`` remain).
+    """
     from carbonflow.tracking.store import client_for, tag_filter
     from carbonflow.tracking.uri import resolve_tracking_uri, short_http_timeouts
 
@@ -103,7 +182,7 @@ def latest_runs(tracking_uri: str | None = None, limit: int = 20) -> list[RunRow
         runs = client.search_runs(
             [e.experiment_id for e in experiments],
             filter_string=tag_filter(schema.T_KIND, schema.KIND_TRAINING),
-            max_results=limit,
+            max_results=limit if readable is None or readable.all_dags else min(10 * limit, 1000),
             order_by=["attributes.start_time DESC"],
         )
     rows = []
@@ -131,9 +210,12 @@ def latest_runs(tracking_uri: str | None = None, limit: int = 20) -> list[RunRow
                 saving_fraction=_f(m, schema.M_SAVING_FRACTION),
                 energy_labels=t.get(schema.T_ENERGY_LABELS, ""),
                 replay=t.get(schema.T_REPLAY, "false") == "true",
+                dag_id=t.get(schema.T_DAG_ID, ""),
             )
         )
-    return rows
+    if readable is not None:
+        rows = [r for r in rows if readable.allows(r.dag_id)]
+    return rows[:limit]
 
 
 def upcoming_from_state(raw: dict[str, Any], **where: str) -> UpcomingJob | None:

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from airflow.plugins_manager import AirflowPlugin
 
-from carbonflow.web.app import airflow_auth_dependency, create_app
+from carbonflow.web.app import airflow_auth_dependency, airflow_readable_dags, create_app, everything
 from carbonflow.web.data import airflow_upcoming
 
 URL_PREFIX = "/carbonflow"
@@ -26,7 +26,12 @@ def _dependencies() -> list:
     return [airflow_auth_dependency()] if mode == "airflow" else []
 
 
-carbon_app = create_app(upcoming_source=airflow_upcoming, dependencies=_dependencies())
+def _readable_dags():
+    """Which DAGs a user may read: Airflow's auth manager decides (everything when the page is open)."""
+    return airflow_readable_dags() if os.environ.get(AUTH_ENV, "airflow").lower() == "airflow" else everything
+
+
+carbon_app = create_app(upcoming_source=airflow_upcoming, dependencies=_dependencies(), readable_dags=_readable_dags())
 
 
 class CarbonflowPlugin(AirflowPlugin):

@@ -24,7 +24,14 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def make_spec() -> JobSpec:
-    return JobSpec(name="resnet_nightly", command=["python", "train.py"], epochs=1, samples_per_epoch=50_000, region="GB", max_containers=4)
+    return JobSpec(
+        name="resnet_nightly",
+        command=["python", "train.py"],
+        epochs=1,
+        samples_per_epoch=50_000,
+        region="GB",
+        max_containers=4,
+    )
 
 
 def make_plan(containers: int = 1) -> Plan:

@@ -22,7 +22,14 @@ DEPLOY = REPO / "deploy" / "k8s"
 
 
 def make_spec(**kw) -> JobSpec:
-    base = dict(name="resnet_nightly", command=["python", "train.py"], epochs=2, samples_per_epoch=50_000, region="GB", max_containers=4)
+    base = dict(
+        name="resnet_nightly",
+        command=["python", "train.py"],
+        epochs=2,
+        samples_per_epoch=50_000,
+        region="GB",
+        max_containers=4,
+    )
     base.update(kw)
     return JobSpec(**base)
 

@@ -31,14 +31,18 @@ def test_page_needs_an_airflow_token(airflow_db, monkeypatch):
     from airflow.api_fastapi.app import create_auth_manager
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 
-    from carbonflow.web.app import airflow_auth_dependency, create_app
+    from carbonflow.web.app import airflow_auth_dependency, airflow_readable_dags, create_app
 
     manager = create_auth_manager()
     manager.init()
     token = manager.generate_jwt(SimpleAuthManagerUser(username="ops", role="viewer"))
-    client = TestClient(create_app(dependencies=[airflow_auth_dependency()]))
+    client = TestClient(create_app(dependencies=[airflow_auth_dependency()], readable_dags=airflow_readable_dags()))
     assert client.get("/healthz").status_code == 401
     assert client.get("/healthz", headers={"Authorization": f"Bearer {token}"}).status_code == 200
     assert client.get("/healthz", cookies={"_token": token}).status_code == 200  # the Airflow UI's session cookie
     assert client.get("/healthz", headers={"Authorization": "Bearer not-a-jwt"}).status_code == 403
-    assert client.get("/static/carbonflow.css").status_code == 200  # assets need no token
+    assert client.get("/static/carbonflow.css").status_code == 401  # assets too need a login (review finding)
+    assert client.get("/static/carbonflow.css", cookies={"_token": token}).status_code == 200
+    # the auth manager (here Airflow's SimpleAuthManager, a viewer) decides which DAGs' runs the user sees
+    assert client.get("/api/runs", cookies={"_token": token}).status_code == 200
+    assert client.get("/openapi.json", cookies={"_token": token}).status_code == 404
