@@ -35,7 +35,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from carbonflow.carbon.calibration import default_error_model  # noqa: E402
+from carbonflow.carbon.calibration import default_error_model, sample_biased  # noqa: E402
 from carbonflow.carbon.replay import NESO_ACTUALS, NESO_FW48H  # noqa: E402
 from carbonflow.carbon.traces import Trace, load_trace  # noqa: E402
 from carbonflow.carbon.windows import (  # noqa: E402
@@ -43,9 +43,11 @@ from carbonflow.carbon.windows import (  # noqa: E402
     HISTORY_DAYS,
     choose_start,
     robust_penalty,
+    search_starts,
     shrink_toward_profile,
 )
-from carbonflow.models import Forecast, ForecastPoint  # noqa: E402
+from carbonflow.models import Config, Forecast, ForecastPoint, JobSpec, Profile, ProfilePoint  # noqa: E402
+from carbonflow.planning import plan_job  # noqa: E402
 
 SHARED = Path("/work/shared/data/carbon")
 DEFAULT_TRACES = [
@@ -60,9 +62,20 @@ PUBLISHED_TRACES = [
     NESO_FW48H,
     SHARED / "carboncast-forecast-vs-actual" / "US-CISO_lifecycle_96h_forecast_vs_actual_2021-07-01_to_2021-07-11.csv",
 ]
+ERROR_PROVIDERS = ("neso-gb-national", "carboncast-us-ciso")
+"""Kind (b) is drawn from each provider's own calibration (bias included), every trace under each."""
 JOBS_H = (1, 2, 4)
 SLACKS_H = (6, 12, 24)
 OUT = ROOT / "benchmarks" / "results" / "carbon_windows.json"
+
+
+def per_start(run_now: np.ndarray, chosen: np.ndarray) -> dict:
+    """ "Never worse than run-now", judged per start: the share of starts worse by more than 1 % and the worst."""
+    above = chosen / run_now - 1.0
+    return {
+        "share_worse_than_run_now_by_1pct": round(float(np.mean(above > 0.01)), 5),
+        "worst_start_above_run_now": round(float(above.max()), 5),
+    }
 
 
 def _window_means(values: np.ndarray, length: int) -> np.ndarray:
@@ -82,8 +95,12 @@ def _score(run_now: np.ndarray, chosen: np.ndarray, oracle: np.ndarray) -> dict:
 
 
 def _choices(
-    fc_windows: np.ndarray, robust_windows: np.ndarray, sig_windows: np.ndarray, slot_h: float,
-    risk_aversion: float, phi: float,
+    fc_windows: np.ndarray,
+    robust_windows: np.ndarray,
+    sig_windows: np.ndarray,
+    slot_h: float,
+    risk_aversion: float,
+    phi: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Plain and robust candidate index per start, ties to the earliest (as ``choose_start``)."""
     plain = np.argmin(fc_windows, axis=1)
@@ -141,10 +158,12 @@ def simulate(trace: Trace, seeds: int, risk_aversion: float, starts_every_h: flo
     lead_h = (horizon + 1) * slot_h
     sigma_rel = model.sigma_rel(lead_h)
     profile, profile_var = _profiles(a, starts, max_len, slot_h)
-    forecasts = []
-    for seed in range(seeds):
-        rng = np.random.default_rng(seed + 1000 * len(trace.name))
-        forecasts.append(model.sample(actual_mat, lead_h, slot_h, rng))
+    forecasts = []  # (provider, forecast) per seed and provider: each provider's own biased error
+    for which in ERROR_PROVIDERS:
+        for seed in range(seeds):
+            rng = np.random.default_rng(seed + 1000 * len(trace.name))
+            forecasts.append(sample_biased(actual_mat, lead_h, slot_h, which, rng))
+    draws = len(forecasts)
     rows = []
     for job_h in JOBS_H:
         length = round(job_h / slot_h)
@@ -154,6 +173,7 @@ def simulate(trace: Trace, seeds: int, risk_aversion: float, starts_every_h: flo
             act_w = _window_means(actual_mat[:, :span], length)
             run_now, oracle = act_w[:, 0], act_w.min(axis=1)
             pick = np.arange(len(starts))
+
             # (a) perfect forecasts: plain = oracle; robust still shrinks by the calibrated error, as in production
             def robust_w(fc: np.ndarray, span: int = span, length: int = length) -> tuple[np.ndarray, np.ndarray]:
                 sig = fc[:, :span] * sigma_rel[None, :span]
@@ -162,8 +182,10 @@ def simulate(trace: Trace, seeds: int, risk_aversion: float, starts_every_h: flo
 
             rob_w, sig_w = robust_w(actual_mat)
             pa, ra = _choices(act_w, rob_w, sig_w, slot_h, risk_aversion, model.phi_per_h)
-            perfect = {**_score(run_now, act_w[pick, pa], oracle),
-                       **{f"robust_{k}": v for k, v in _score(run_now, act_w[pick, ra], oracle).items()}}
+            perfect = {
+                **_score(run_now, act_w[pick, pa], oracle),
+                **{f"robust_{k}": v for k, v in _score(run_now, act_w[pick, ra], oracle).items()},
+            }
             # (b) calibrated lead-time error
             plain_ch, robust_ch = [], []
             for fc in forecasts:
@@ -172,11 +194,13 @@ def simulate(trace: Trace, seeds: int, risk_aversion: float, starts_every_h: flo
                 pb, rb = _choices(fc_w, rob_w, sig_w, slot_h, risk_aversion, model.phi_per_h)
                 plain_ch.append(act_w[pick, pb])
                 robust_ch.append(act_w[pick, rb])
-            rn_all = np.tile(run_now, seeds)
-            or_all = np.tile(oracle, seeds)
+            rn_all = np.tile(run_now, draws)
+            or_all = np.tile(oracle, draws)
             noisy = {
                 **_score(rn_all, np.concatenate(plain_ch), or_all),
                 **{f"robust_{k}": v for k, v in _score(rn_all, np.concatenate(robust_ch), or_all).items()},
+                **{f"robust_{k}": v for k, v in per_start(rn_all, np.concatenate(robust_ch)).items()},
+                "error": "per-provider calibration with bias: " + ", ".join(ERROR_PROVIDERS),
             }
             rows.append(
                 {
@@ -198,8 +222,10 @@ def simulate(trace: Trace, seeds: int, risk_aversion: float, starts_every_h: flo
 
 def _history_points(series: pd.Series, slot_s: float) -> list[ForecastPoint]:
     series = series.dropna()
-    return [ForecastPoint(start=ts.to_pydatetime().astimezone(UTC), length_s=slot_s, gco2_per_kwh=max(0.0, float(v)))
-            for ts, v in series.items()]
+    return [
+        ForecastPoint(start=ts.to_pydatetime().astimezone(UTC), length_s=slot_s, gco2_per_kwh=max(0.0, float(v)))
+        for ts, v in series.items()
+    ]
 
 
 def published(trace: Trace, risk_aversion: float) -> dict[tuple[int, int], dict]:
@@ -220,11 +246,20 @@ def published(trace: Trace, risk_aversion: float) -> dict[tuple[int, int], dict]
         nxt = issues[i + 1] if i + 1 < len(issues) else issue + pd.Timedelta(hours=24)
         for now in pd.date_range(pd.Timestamp(issue).ceil("h"), nxt, freq="h", inclusive="left"):
             sel = rows[rows["start"] >= now]
-            points = [ForecastPoint(start=t.to_pydatetime().astimezone(UTC), length_s=trace.slot_s,
-                                    gco2_per_kwh=max(0.0, float(v)))
-                      for t, v in zip(sel["start"], sel["gco2_per_kwh"], strict=True)]
-            forecast = Forecast(region=trace.region, provider=trace.name, signal_kind=trace.signal_kind,
-                                issued_at=issued, points=points, replay=True)
+            points = [
+                ForecastPoint(
+                    start=t.to_pydatetime().astimezone(UTC), length_s=trace.slot_s, gco2_per_kwh=max(0.0, float(v))
+                )
+                for t, v in zip(sel["start"], sel["gco2_per_kwh"], strict=True)
+            ]
+            forecast = Forecast(
+                region=trace.region,
+                provider=trace.name,
+                signal_kind=trace.signal_kind,
+                issued_at=issued,
+                points=points,
+                replay=True,
+            )
             t_now = now.to_pydatetime().astimezone(UTC)
             for job_h in JOBS_H:
                 length = round(job_h / slot_h)
@@ -238,16 +273,25 @@ def published(trace: Trace, risk_aversion: float) -> dict[tuple[int, int], dict]
                     act_w = _window_means(act[None, :], length)[0]
                     finish_by = t_now + timedelta(hours=job_h + slack_h)
                     plain = choose_start(forecast, job_h * 3600, t_now, finish_by, robust=False)
-                    rob = choose_start(forecast, job_h * 3600, t_now, finish_by, history=history,
-                                       risk_aversion=risk_aversion)
+                    rob = choose_start(
+                        forecast, job_h * 3600, t_now, finish_by, history=history, risk_aversion=risk_aversion
+                    )
+                    prod = product_start(forecast, job_h * 3600, t_now, finish_by, history)
+                    grid = search_starts(forecast, [job_h * 3600], t_now, [slack_h * 3600], step_s=trace.slot_s)
                     shrunk += int(rob.robust)
                     k_p = round((plain.start - t_now).total_seconds() / trace.slot_s)
                     k_r = round((rob.start - t_now).total_seconds() / trace.slot_s)
-                    slot = acc.setdefault((job_h, slack_h), {"rn": [], "orc": [], "pc": [], "rc": []})
+                    k_x = round((prod - t_now).total_seconds() / trace.slot_s)
+                    k_g = round(float(grid.start_s[grid.best()]) / trace.slot_s)
+                    slot = acc.setdefault(
+                        (job_h, slack_h), {"rn": [], "orc": [], "pc": [], "rc": [], "xc": [], "gc": []}
+                    )
                     slot["rn"].append(act_w[0])
                     slot["orc"].append(act_w.min())
                     slot["pc"].append(act_w[k_p])
                     slot["rc"].append(act_w[k_r])
+                    slot["xc"].append(act_w[min(k_x, len(act_w) - 1)])
+                    slot["gc"].append(act_w[min(k_g, len(act_w) - 1)])
     for key, v in acc.items():
         rn_a, orc_a = np.array(v["rn"]), np.array(v["orc"])
         out[key] = {
@@ -255,11 +299,55 @@ def published(trace: Trace, risk_aversion: float) -> dict[tuple[int, int], dict]
             "oracle_reduction": _score(rn_a, orc_a, orc_a)["reduction_vs_run_now"],
             **_score(rn_a, np.array(v["pc"]), orc_a),
             **{f"robust_{k}": val for k, val in _score(rn_a, np.array(v["rc"]), orc_a).items()},
+            **{f"product_{k}": val for k, val in _score(rn_a, np.array(v["xc"]), orc_a).items()},
+            **{f"product_{k}": val for k, val in per_start(rn_a, np.array(v["xc"])).items()},
+            **{f"grid_{k}": val for k, val in _score(rn_a, np.array(v["gc"]), orc_a).items()},
         }
     total = sum(len(v["rn"]) for v in acc.values())
     for value in out.values():
         value["robust_history_used_fraction"] = round(shrunk / total, 3) if total else None
     return out
+
+
+def product_start(
+    forecast: Forecast, duration_s: float, now: datetime, finish_by: datetime, history: list[ForecastPoint]
+) -> datetime:
+    """The start the operators' own call chooses: ``plan_job(spec, profile, forecast, now, history,
+    on_infeasible="fastest", intensity_history=recent actuals)`` for a one-configuration job of ``duration_s``."""
+    spec = JobSpec(
+        name="window",
+        workload="bench",
+        steps=round(duration_s),
+        batch_size=1,
+        region="GB",
+        finish_by=finish_by,
+        objective="carbon",
+        max_slowdown=0.0,
+    )
+    return plan_job(
+        spec, _ONE_SAMPLE_PER_S, forecast, now, None, on_infeasible="fastest", intensity_history=history
+    ).start
+
+
+_ONE_SAMPLE_PER_S = Profile(
+    job="window",
+    device_model="bench",
+    device_kind="gpu",
+    label="simulated",
+    default_power_limit_w=100.0,
+    points=[
+        ProfilePoint(
+            config=Config(containers=1, power_limit_w=100.0),
+            throughput_samples_per_s=1.0,
+            power_per_device_w={"gpu0": 100.0},
+            energy_per_sample_j=100.0,
+            duration_s=30.0,
+            samples=30,
+            label="simulated",
+        )
+    ],
+    measured_at=datetime(2020, 1, 1, tzinfo=UTC),
+)
 
 
 def check_against_choose_start(trace: Trace, risk_aversion: float, n: int = 5) -> int:
@@ -278,20 +366,39 @@ def check_against_choose_start(trace: Trace, risk_aversion: float, n: int = 5) -
         lead = (np.arange(span) + 1) * slot_h
         f = model.sample(a[None, i : i + span], lead, slot_h, rng)
         now = index[i].to_pydatetime().astimezone(UTC)
-        points = [ForecastPoint(start=now + timedelta(hours=k * slot_h), length_s=trace.slot_s, gco2_per_kwh=v)
-                  for k, v in enumerate(f[0])]
-        forecast = Forecast(region=trace.region, provider="bench", signal_kind=trace.signal_kind, issued_at=now,
-                            points=points)
-        hist = pd.Series(a[i - 15 * day: i], index=index[i - 15 * day: i])
-        choice = choose_start(forecast, job_h * 3600, now, now + timedelta(hours=job_h + slack_h),
-                              history=_history_points(hist, trace.slot_s), risk_aversion=risk_aversion)
+        points = [
+            ForecastPoint(start=now + timedelta(hours=k * slot_h), length_s=trace.slot_s, gco2_per_kwh=v)
+            for k, v in enumerate(f[0])
+        ]
+        forecast = Forecast(
+            region=trace.region, provider="bench", signal_kind=trace.signal_kind, issued_at=now, points=points
+        )
+        hist = pd.Series(a[i - 15 * day : i], index=index[i - 15 * day : i])
+        choice = choose_start(
+            forecast,
+            job_h * 3600,
+            now,
+            now + timedelta(hours=job_h + slack_h),
+            history=_history_points(hist, trace.slot_s),
+            risk_aversion=risk_aversion,
+        )
         profile, pvar = _profiles(a, np.array([i]), span, slot_h)
         sig = f * model.sigma_rel(lead)[None, :]
         post = shrink_toward_profile(f, sig, profile, pvar)
-        _, r = _choices(_window_means(f, length), _window_means(post, length), _window_means(sig, length), slot_h,
-                        risk_aversion, model.phi_per_h)
+        _, r = _choices(
+            _window_means(f, length),
+            _window_means(post, length),
+            _window_means(sig, length),
+            slot_h,
+            risk_aversion,
+            model.phi_per_h,
+        )
         expected = now + timedelta(hours=float(r[0]) * slot_h)
         assert choice.start == expected, (trace.name, now, choice.start, expected)
+        product = product_start(
+            forecast, job_h * 3600, now, now + timedelta(hours=job_h + slack_h), _history_points(hist, trace.slot_s)
+        )
+        assert product == expected, (trace.name, now, product, expected)
         checks += 1
     return checks
 
@@ -327,12 +434,21 @@ def main(argv: list[str] | None = None) -> dict:
         for row in trace_rows:
             row["published"] = pub.pop((row["job_h"], row["slack_h"]), None)
         for (job_h, slack_h), value in sorted(pub.items()):
-            trace_rows.append({
-                "trace": trace.name, "region": trace.region, "signal_kind": trace.signal_kind, "job_h": job_h,
-                "slack_h": slack_h, "n_starts": value["n_starts"], "seeds": 0,
-                "oracle_reduction": value["oracle_reduction"], "perfect": None, "calibrated_error": None,
-                "published": value,
-            })
+            trace_rows.append(
+                {
+                    "trace": trace.name,
+                    "region": trace.region,
+                    "signal_kind": trace.signal_kind,
+                    "job_h": job_h,
+                    "slack_h": slack_h,
+                    "n_starts": value["n_starts"],
+                    "seeds": 0,
+                    "oracle_reduction": value["oracle_reduction"],
+                    "perfect": None,
+                    "calibrated_error": None,
+                    "published": value,
+                }
+            )
         if not trace_rows and path in paths:
             skipped.append(f"{trace.name}: too short and no published forecasts; nothing to score")
         rows.extend(trace_rows)
@@ -394,15 +510,79 @@ def summarise(rows: list[dict]) -> dict:
     ]
     mean_frac = round(float(np.mean(fracs)), 4) if fracs else None
     worst_above = round(float(np.max(above)), 5) if above else None
-    row_worst = [r[k]["robust_above_run_now"] for r in rows for k in ("calibrated_error", "published")
-                 if r.get(k) and r[k].get("robust_above_run_now") is not None]
+    row_worst = [
+        r[k]["robust_above_run_now"]
+        for r in rows
+        for k in ("calibrated_error", "published")
+        if r.get(k) and r[k].get("robust_above_run_now") is not None
+    ]
     return {
+        **product_summary(rows, per_trace),
         "per_trace": per_trace,
         "robust_worst_row_above_run_now": round(float(np.max(row_worst)), 5) if row_worst else None,
         "robust_fraction_of_oracle_mean_over_traces": mean_frac,
         "robust_worst_trace_above_run_now": worst_above,
         "target_fraction_met": bool(mean_frac is not None and mean_frac >= 0.85),
         "target_never_above_run_now_by_1pct_met": bool(worst_above is not None and worst_above <= 0.01),
+    }
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return round(float(np.mean(xs)), 4) if xs else None
+
+
+def product_summary(rows: list[dict], per_trace: dict) -> dict:
+    """The product path's figures (the operators' own call) and the three engines before the merge."""
+    published = {}
+    for name in dict.fromkeys(r["trace"] for r in rows if r.get("published")):
+        published[name] = _mean(
+            [r["published"]["product_fraction_of_oracle"] for r in rows if r["trace"] == name and r.get("published")]
+        )
+    calibrated = [e["calibrated_error.robust_fraction_of_oracle"] for e in per_trace.values()]
+    above = [e["calibrated_error.robust_above_run_now"] for e in per_trace.values()]
+    above += [
+        _mean([r["published"]["product_above_run_now"] for r in rows if r["trace"] == n and r.get("published")])
+        for n in published
+    ]
+    shares = [
+        (r[k][f"{p}share_worse_than_run_now_by_1pct"], r[k][f"{p}worst_start_above_run_now"])
+        for r in rows
+        for k, p in (("calibrated_error", "robust_"), ("published", "product_"))
+        if r.get(k)
+    ]
+    engines = {}
+    for name in per_trace:
+        sel = [r for r in rows if r["trace"] == name]
+        cal = [r["calibrated_error"] for r in sel if r.get("calibrated_error")]
+        pub = [r["published"] for r in sel if r.get("published")]
+        engines[name] = {
+            "optimizer_own.calibrated_error": _mean([c["fraction_of_oracle"] for c in cal]),
+            "optimizer_own.published": _mean([c["fraction_of_oracle"] for c in pub]),
+            "choose_start_robust.calibrated_error": _mean([c["robust_fraction_of_oracle"] for c in cal]),
+            "choose_start_robust.published": _mean([c["robust_fraction_of_oracle"] for c in pub]),
+            "capacity_delay_cost.published": _mean([c["grid_fraction_of_oracle"] for c in pub]),
+        }
+    return {
+        "product_fraction_of_oracle_mean": _mean(calibrated),
+        "product_published_fraction_of_oracle": published,
+        "product_worst_trace_above_run_now": round(float(max(x for x in above if x is not None)), 5),
+        "product_share_of_starts_worse_than_run_now_by_1pct_max": round(max(a for a, _ in shares), 5),
+        "product_worst_start_above_run_now": round(max(b for _, b in shares), 5),
+        "engines_before_merge": engines,
+        "engines_note": (
+            "optimizer_own = plan_job's former search (raw forecast, slot-boundary starts; = choose_start "
+            "robust=False); choose_start_robust = windows.choose_start with history; capacity_delay_cost = the "
+            "former capacity.choose_start_with_delay_cost (a step grid at the slot length, delay cost 0 as the "
+            "simulator ran it; on whole-slot jobs its calibrated-error figure equals optimizer_own). The one "
+            "search kept is choose_start_robust's rule; the product (plan_job through the operators, with "
+            "recent actuals) is checked equal to it start by start (vectorised_vs_choose_start_checks)."
+        ),
+        "targets": {
+            "product_fraction_of_oracle_mean": ">= 0.85",
+            "product_published_fraction_of_oracle": ">= 0.75",
+            "product_worst_trace_above_run_now": "<= 0.01",
+        },
     }
 
 
@@ -413,34 +593,44 @@ def print_table(rows: list[dict], summary: dict) -> None:
     def frac(x: float | None) -> str:
         return "    -" if x is None else f"{x:5.2f}"
 
-    head = (f"{'trace':<28}{'job':>4}{'slack':>6}{'oracle%':>8} | {'perf%':>6}{'rob%':>6} | "
-            f"{'err%':>6}{'frac':>6}{'rob%':>6}{'rfrac':>6} | {'pub%':>6}{'frac':>6}{'rob%':>6}{'rfrac':>6}")
-    print("reductions vs run-now (%) and fraction of the oracle's reduction; perf = perfect forecast, "
-          "err = calibrated lead-time error, pub = published forecasts; rob = carbonflow's robust choice")
+    head = (
+        f"{'trace':<28}{'job':>4}{'slack':>6}{'oracle%':>8} | {'perf%':>6}{'rob%':>6} | "
+        f"{'err%':>6}{'frac':>6}{'rob%':>6}{'rfrac':>6} | {'pub%':>6}{'frac':>6}{'rob%':>6}{'rfrac':>6}"
+    )
+    print(
+        "reductions vs run-now (%) and fraction of the oracle's reduction; perf = perfect forecast, "
+        "err = calibrated lead-time error, pub = published forecasts; rob = carbonflow's robust choice"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
         p, e, u = r["perfect"] or {}, r["calibrated_error"] or {}, r["published"] or {}
-        print(f"{r['trace'][:27]:<28}{r['job_h']:>3}h{r['slack_h']:>5}h{pct(r['oracle_reduction']):>8} | "
-              f"{pct(p.get('reduction_vs_run_now'))}{pct(p.get('robust_reduction_vs_run_now'))} | "
-              f"{pct(e.get('reduction_vs_run_now'))} {frac(e.get('fraction_of_oracle'))}"
-              f"{pct(e.get('robust_reduction_vs_run_now'))} {frac(e.get('robust_fraction_of_oracle'))} | "
-              f"{pct(u.get('reduction_vs_run_now'))} {frac(u.get('fraction_of_oracle'))}"
-              f"{pct(u.get('robust_reduction_vs_run_now'))} {frac(u.get('robust_fraction_of_oracle'))}")
+        print(
+            f"{r['trace'][:27]:<28}{r['job_h']:>3}h{r['slack_h']:>5}h{pct(r['oracle_reduction']):>8} | "
+            f"{pct(p.get('reduction_vs_run_now'))}{pct(p.get('robust_reduction_vs_run_now'))} | "
+            f"{pct(e.get('reduction_vs_run_now'))} {frac(e.get('fraction_of_oracle'))}"
+            f"{pct(e.get('robust_reduction_vs_run_now'))} {frac(e.get('robust_fraction_of_oracle'))} | "
+            f"{pct(u.get('reduction_vs_run_now'))} {frac(u.get('fraction_of_oracle'))}"
+            f"{pct(u.get('robust_reduction_vs_run_now'))} {frac(u.get('robust_fraction_of_oracle'))}"
+        )
     print("\nper trace, mean over job x slack (calibrated lead-time error unless marked published):")
     for name, e in summary["per_trace"].items():
-        print(f"  {name[:40]:<41} oracle {pct(e['oracle_reduction'])} %"
-              f"  robust {pct(e['calibrated_error.robust_reduction_vs_run_now'])} %"
-              f"  fraction {frac(e['calibrated_error.robust_fraction_of_oracle'])}"
-              f" (plain {frac(e['calibrated_error.fraction_of_oracle'])})"
-              f"  worst vs run-now {pct(e['calibrated_error.robust_worst_above_run_now'])} %"
-              f"  | published fraction robust {frac(e['published.robust_fraction_of_oracle'])}"
-              f" plain {frac(e['published.fraction_of_oracle'])}")
-    print(f"\nrobust fraction of oracle under calibrated error, mean over traces: "
-          f"{summary['robust_fraction_of_oracle_mean_over_traces']} "
-          f"(target >= 0.85: {'met' if summary['target_fraction_met'] else 'NOT met'}); worst trace vs run-now: "
-          f"{summary['robust_worst_trace_above_run_now']} (target <= 0.01: "
-          f"{'met' if summary['target_never_above_run_now_by_1pct_met'] else 'NOT met'})")
+        print(
+            f"  {name[:40]:<41} oracle {pct(e['oracle_reduction'])} %"
+            f"  robust {pct(e['calibrated_error.robust_reduction_vs_run_now'])} %"
+            f"  fraction {frac(e['calibrated_error.robust_fraction_of_oracle'])}"
+            f" (plain {frac(e['calibrated_error.fraction_of_oracle'])})"
+            f"  worst vs run-now {pct(e['calibrated_error.robust_worst_above_run_now'])} %"
+            f"  | published fraction robust {frac(e['published.robust_fraction_of_oracle'])}"
+            f" plain {frac(e['published.fraction_of_oracle'])}"
+        )
+    print(
+        f"\nrobust fraction of oracle under calibrated error, mean over traces: "
+        f"{summary['robust_fraction_of_oracle_mean_over_traces']} "
+        f"(target >= 0.85: {'met' if summary['target_fraction_met'] else 'NOT met'}); worst trace vs run-now: "
+        f"{summary['robust_worst_trace_above_run_now']} (target <= 0.01: "
+        f"{'met' if summary['target_never_above_run_now_by_1pct_met'] else 'NOT met'})"
+    )
 
 
 if __name__ == "__main__":

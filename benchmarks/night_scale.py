@@ -47,9 +47,9 @@ import nightly_carbon as nc
 
 from carbonflow.carbon.calibration import default_error_model
 from carbonflow.carbon.traces import load_trace
+from carbonflow.carbon.windows import held_window_means
 from carbonflow.models import JobSpec, Plan, Profile
 from carbonflow.planning import JobHistory, PairProfile, plan_night
-from carbonflow.planning.costs import IntensityIntegral
 from carbonflow.planning.night_gpus import deadline_factors, fit_plans_to_gpus, gpu_groups
 from carbonflow.planning.pair_prediction import (
     PairOutcome,
@@ -177,20 +177,21 @@ def run(args: argparse.Namespace) -> dict:
         day = day0 + timedelta(days=n)
         now = datetime(day.year, day.month, day.day, 17, tzinfo=UTC)  # 18:00 Berlin (CET)
         forecast, perfect = nc.make_forecast(REGION, actual, now, trace.slot_s, rng, error_model)
-        night = nc.Night(n, args.seed, now, IntensityIntegral(perfect, now), by_name)
+        night = nc.Night(n, args.seed, now, perfect, by_name)
         finish_by = now + timedelta(hours=nc.WINDOW_H)
         profiles = {j.name: nc.profile_for(j, now) for j in jobs}
         specs = {j.name: _spec(j, finish_by) for j in jobs}
-        intensity_now = float(night.actual.mean(0.0, 3600.0))
+        intensity_now = float(held_window_means(perfect, now, 0.0, 3600.0)[0])
+        recent = {REGION: nc.recent_actuals(actual, now, trace.slot_s)}  # as the night operator passes them
         for state in states.values():
             spent = profile_solo(state, specs, profiles, now, args) + profile_pairs(state, all_pairs, profiles, args)
             state.profiling_gpu_s.append(spent)
             state.profiling_g += emissions_g_from(spent * args.profile_power_w, intensity_now)
             t0 = time.perf_counter()
             plans = plan_night(list(specs.values()), profiles, {REGION: forecast}, now,
-                               list(state.known_pairs.values()), state.history)  # fmt: skip
+                               list(state.known_pairs.values()), state.history, intensity_history=recent)  # fmt: skip
             margin = deadline_factors(plans, specs, profiles, state.history)
-            plans = fit_plans_to_gpus(plans, args.gpus, now, IntensityIntegral(forecast, now), margin)
+            plans = fit_plans_to_gpus(plans, args.gpus, now, forecast, margin)
             plan_s.append(time.perf_counter() - t0)
             state.training_gpu_s.append(run_on_gpus(night, plans, specs, profiles, state, args.gpus))
     return summarise(states, plan_s, args)

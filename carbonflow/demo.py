@@ -195,6 +195,15 @@ def _g(value: float | None) -> str:
     return "–" if value is None else f"{value:.3f}"
 
 
+def saving_cell(saving_g: float | None, fraction: float | None, objective: str | None) -> str:
+    """The table's saving: carbonflow's one saving figure (:mod:`carbonflow.planning.saving`) and the objective."""
+    from carbonflow.planning.saving import format_saving
+
+    if saving_g is None:
+        return "–"
+    return f"{saving_g:.3f} g ({format_saving(fraction)}; objective {objective or '?'})"
+
+
 def print_summary(console: Console, runs: list[dict[str, Any]]) -> None:
     """The demo's table: decision, predicted vs measured, accuracy, saving; then the labels."""
     from carbonflow.tracking import schema as s
@@ -206,7 +215,7 @@ def print_summary(console: Console, runs: list[dict[str, Any]]) -> None:
     for run in runs:
         m, p = run["metrics"], run["params"]
         saving_g, fraction = m.get(s.M_SAVING_G), m.get(s.M_SAVING_FRACTION)
-        saving = "–" if saving_g is None else f"{saving_g:.3f} g ({(fraction or 0) * 100:.1f} %)"
+        saving = saving_cell(saving_g, fraction, p.get(s.P_OBJECTIVE))
         table.add_row(
             run["job"],
             f"{p.get(s.P_CONTAINERS)}× @ {p.get(s.P_POWER_LIMIT_W)} W"

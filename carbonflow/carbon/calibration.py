@@ -159,6 +159,34 @@ def compute(neso: Path = NESO_FW48H, carboncast: Path | None = SHARED_CARBONCAST
     }
 
 
+def provider_error(which: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """(lead bin upper edges h, relative bias, relative spread about the bias, phi per hour) of one provider's
+    calibration in ``carbonflow/carbon/data/error_calibration.json``; bins without data hold the last known."""
+    doc = json.loads(CALIBRATION_PATH.read_text())["sources"][which]
+    edges = np.asarray(doc["lead_edges_h"][1:], dtype=float)
+    bias, rmse = [], []
+    for b, r in zip(doc["rel_bias"], doc["rel_rmse"], strict=True):
+        bias.append(bias[-1] if b is None else b)
+        rmse.append(rmse[-1] if r is None else r)
+    bias_a, rmse_a = np.asarray(bias), np.asarray(rmse)
+    return edges, bias_a, np.sqrt(np.maximum(rmse_a**2 - bias_a**2, 0.0)), float(doc["phi_per_h"])
+
+
+def sample_biased(actual: np.ndarray, lead_h: np.ndarray, slot_h: float, which: str, rng) -> np.ndarray:
+    """Synthetic forecasts ``actual x (1 + bias(lead) + spread(lead) z)``, z an AR(1) along the lead time, with
+    the bias, spread and correlation one provider's published forecasts showed."""
+    edges, bias, spread, phi_h = provider_error(which)
+    i = np.clip(np.searchsorted(edges, lead_h, side="left"), 0, len(edges) - 1)
+    actual = np.atleast_2d(actual)
+    phi = phi_h**slot_h
+    innov = rng.standard_normal(actual.shape)
+    z = np.empty_like(innov)
+    z[:, 0] = innov[:, 0]
+    for k in range(1, actual.shape[1]):
+        z[:, k] = phi * z[:, k - 1] + np.sqrt(1 - phi * phi) * innov[:, k]
+    return np.clip(actual * (1.0 + bias[i][None, :] + spread[i][None, :] * z), 0.0, None)
+
+
 def model_from(doc: dict, which: str = "pooled") -> LeadTimeErrorModel:
     """Build an error model from a calibration document (``pooled`` or a source name)."""
     part = doc["pooled"] if which == "pooled" else doc["sources"][which]

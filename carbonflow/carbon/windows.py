@@ -17,7 +17,8 @@ Every choice meets ``finish_by`` when that is possible; with no usable forecast 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -75,16 +76,38 @@ class IntervalChoice(BaseModel):
         return self.intervals[0][0]
 
 
-def _arrays(points: Sequence[ForecastPoint]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+_SERIES_CACHE: dict[int, tuple[Sequence[ForecastPoint], datetime, np.ndarray, np.ndarray, np.ndarray]] = {}
+_SERIES_CACHE_SIZE = 32
+
+
+def _series(points: Sequence[ForecastPoint]) -> tuple[datetime, np.ndarray, np.ndarray, np.ndarray]:
+    """(first slot start, starts and ends in exact seconds after it, values), overlaps cut; remembered for the
+    last few point lists (by identity: a night plans many jobs and pairs on the same forecast)."""
+    hit = _SERIES_CACHE.get(id(points))
+    if hit is not None and hit[0] is points:
+        return hit[1], hit[2], hit[3], hit[4]
     pts = sorted(points, key=lambda p: p.start)
-    t0 = np.array([p.start.timestamp() for p in pts], dtype=float)
-    t1 = np.array([p.end.timestamp() for p in pts], dtype=float)
+    first = pts[0].start
+    t0 = np.array([(p.start - first).total_seconds() for p in pts], dtype=float)
+    t1 = np.array([(p.end - first).total_seconds() for p in pts], dtype=float)
     val = np.array([p.gco2_per_kwh for p in pts], dtype=float)
     if len(pts) > 1:  # drop overlaps: a slot starting before the previous one ended is cut
         t0[1:] = np.maximum(t0[1:], t1[:-1])
         keep = t1 > t0
         t0, t1, val = t0[keep], t1[keep], val[keep]
-    return t0, t1, val
+    if len(_SERIES_CACHE) >= _SERIES_CACHE_SIZE:
+        _SERIES_CACHE.pop(next(iter(_SERIES_CACHE)))
+    _SERIES_CACHE[id(points)] = (points, first, t0, t1, val)  # holds the list, so its id is not reused
+    return first, t0, t1, val
+
+
+def _arrays(
+    points: Sequence[ForecastPoint], origin: datetime | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Slot starts, ends (epoch seconds, or exact seconds after ``origin``) and values, overlaps cut."""
+    first, t0, t1, val = _series(points)
+    shift = first.timestamp() if origin is None else (first - origin).total_seconds()
+    return t0 + shift, t1 + shift, val.copy()
 
 
 def _cumulative(t0: np.ndarray, t1: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -257,6 +280,145 @@ def _robust_series(
     return post, sig, int(np.isfinite(profile).sum())
 
 
+@dataclass(frozen=True)
+class StartSearch:
+    """Every candidate (run, start) of :func:`search_starts`, as parallel arrays.
+
+    ``run[k]`` indexes the duration (a configuration's run) of candidate ``k``; ``start_s[k]`` is its start in
+    seconds after ``earliest``; ``mean_gco2_per_kwh`` is the forecast's own mean intensity over the run;
+    ``score_gco2_per_kwh`` the intensity it is ranked by (the robust posterior, plus the risk and delay terms).
+    """
+
+    run: np.ndarray
+    start_s: np.ndarray
+    mean_gco2_per_kwh: np.ndarray
+    score_gco2_per_kwh: np.ndarray
+    shrunk_slots: int
+    horizon_end_s: float
+
+    def ranked(self) -> np.ndarray:
+        """Candidate indices by score, ties to the earliest start (then the lower run index)."""
+        return np.lexsort((self.run, self.start_s, np.round(self.score_gco2_per_kwh, 9)))
+
+    def best(self) -> int:
+        """Index of the lowest score, ties to the earliest start (then the lower run index)."""
+        return int(self.ranked()[0])
+
+    def first_that(self, fits: Callable[[float], bool]) -> int | None:
+        """The best-ranked candidate whose start ``fits`` (e.g. spare GPUs then); None when none does."""
+        return next((int(k) for k in self.ranked() if fits(float(self.start_s[k]))), None)
+
+
+def _held(t0: np.ndarray, t1: np.ndarray, val: np.ndarray, lo: float, hi: float):
+    """The series with gaps holding the previous value, the first value held back to ``lo`` and the last one
+    forward to ``hi`` (persistence; a plan that relies on it says so)."""
+    t1 = t1.copy()
+    t1[:-1] = np.maximum(t1[:-1], t0[1:])
+    t0 = t0.copy()
+    t0[0] = min(t0[0], lo)
+    t1[-1] = max(t1[-1], hi)
+    return t0, t1, val
+
+
+def held_window_means(
+    forecast: Forecast, origin: datetime, start_s: np.ndarray | float, duration_s: np.ndarray | float
+) -> np.ndarray:
+    """Mean forecast intensity over ``[origin + start, origin + start + duration)`` for many windows, the first
+    and last values held beyond the forecast and gaps holding the previous value (as :func:`search_starts`
+    with ``hold_edges``); a zero-length window gets the value at its start."""
+    start = np.atleast_1d(np.asarray(start_s, dtype=float))
+    dur = np.broadcast_to(np.asarray(duration_s, dtype=float), start.shape)
+    t0, t1, val = _arrays(forecast.points, origin)
+    hi = float(np.max(start + dur, initial=0.0))
+    t0, t1, val = _held(t0, t1, val, min(0.0, float(start.min(initial=0.0))) - 1.0, hi + 1.0)
+    x, f, c = _cumulative(t0, t1, val)  # seconds after origin: no precision lost to epoch timestamps
+    mean, _ = _window_stats(x, f, c, start, start + np.maximum(dur, 1e-6))
+    return mean
+
+
+def slot_boundaries_s(forecast: Forecast, origin: datetime) -> np.ndarray:
+    """Every slot start and end of the forecast, seconds after ``origin`` (where window optima lie)."""
+    t0, t1, _ = _arrays(forecast.points)
+    return np.unique(np.concatenate([t0, t1]) - origin.timestamp())
+
+
+def search_starts(
+    forecast: Forecast,
+    durations_s: Sequence[float] | np.ndarray,
+    earliest: datetime,
+    latest_s: Sequence[float] | np.ndarray,
+    *,
+    history: Sequence[ForecastPoint] | None = None,
+    error_model: LeadTimeErrorModel | None = None,
+    step_s: float | None = None,
+    hold_edges: bool = False,
+    risk_aversion: float = DEFAULT_RISK_AVERSION,
+    delay_cost_per_s: Sequence[float] | np.ndarray | float = 0.0,
+) -> StartSearch:
+    """carbonflow's one start search: every run ``i`` (``durations_s[i]``) at every candidate start in
+    ``[0, latest_s[i]]`` seconds after ``earliest`` (runs with ``latest_s < 0`` get none), vectorised.
+
+    Candidates are 0, the latest start, and every start where the run begins or ends on a slot boundary (the
+    optimum of a piecewise-constant series lies on one), or a grid of ``step_s``. **Robustness** (the one
+    meaning): when ``history`` (recent actuals) is given, each slot's forecast is shrunk toward the recent daily
+    profile in proportion to its lead-time error variance (see :func:`shrink_toward_profile`); without history
+    the forecast is taken at face value. ``risk_aversion`` adds that many standard deviations of the error of
+    (candidate − the run's start at 0); ``delay_cost_per_s`` (score units per second, per run or one number)
+    prices waiting. ``hold_edges`` holds the first/last value beyond the forecast and across gaps; otherwise a
+    candidate the forecast does not cover is dropped.
+    """
+    durations = np.atleast_1d(np.asarray(durations_s, dtype=float))
+    latest = np.atleast_1d(np.asarray(latest_s, dtype=float))
+    delay = np.broadcast_to(np.asarray(delay_cost_per_s, dtype=float), durations.shape)
+    e0 = earliest.timestamp()
+    t0, t1, val = _arrays(forecast.points, earliest)  # seconds after earliest: no precision lost to epochs
+    horizon_end_s = float(t1[-1])
+    if hold_edges:
+        t0, t1, val = _held(t0, t1, val, 0.0, float(np.max(np.maximum(latest, 0.0) + durations, initial=0.0)))
+    x, f, c = _cumulative(t0, t1, val)
+    runs, starts = [], []
+    bounds = np.concatenate([t0, t1])
+    for i, (d, hi) in enumerate(zip(durations, latest, strict=True)):
+        if hi < -1e-9:
+            continue
+        hi = max(0.0, float(hi))
+        if step_s is None:
+            cand = np.concatenate([[0.0, hi], bounds, bounds - d])
+        else:
+            cand = np.concatenate([step_s * np.arange(int(hi // step_s) + 1), [hi]])
+        cand = np.unique(np.round(cand[(cand >= -1e-9) & (cand <= hi + 1e-9)], 3))
+        runs.append(np.full(cand.size, i))
+        starts.append(np.clip(cand, 0.0, hi))
+    if not runs:
+        empty = np.array([])
+        return StartSearch(empty.astype(int), empty, empty, empty, 0, horizon_end_s)
+    run, start = np.concatenate(runs), np.concatenate(starts)
+    dur = durations[run]
+    mean, cov = _window_stats(x, f, c, start, start + dur)
+    ok = np.isfinite(mean) & (cov >= _COVERED)
+    run, start, dur, mean = run[ok], start[ok], dur[ok], mean[ok]
+    score, shrunk = mean, 0
+    if run.size and (history or risk_aversion > 0):
+        window = (e0, e0 + float(np.max(start + dur)))
+        post, sig, shrunk = _robust_series(forecast, t0 + e0, t1 + e0, val, window, history, error_model)
+        xp, fp, cp = _cumulative(t0, t1, post)
+        score, _ = _window_stats(xp, fp, cp, start, start + dur)
+        if risk_aversion > 0:
+            model = error_model or default_error_model()
+            xs, fs, cs = _cumulative(t0, t1, sig)
+            sig_w, _ = _window_stats(xs, fs, cs, start, start + dur)
+            sig_now, _ = _window_stats(xs, fs, cs, np.zeros(durations.size), durations)
+            pair = np.stack([np.nan_to_num(sig_now[run]), np.nan_to_num(sig_w)], axis=-1)
+            score = (
+                score
+                + robust_penalty(pair, np.stack([np.zeros_like(start), start], -1), model.phi_per_h, risk_aversion)[
+                    ..., 1
+                ]
+            )
+    score = score + delay[run] * start
+    return StartSearch(run, start, mean, score, shrunk, horizon_end_s)
+
+
 def choose_start(
     forecast: Forecast | None,
     duration_s: float,
@@ -269,18 +431,13 @@ def choose_start(
     risk_aversion: float = DEFAULT_RISK_AVERSION,
     error_model: LeadTimeErrorModel | None = None,
 ) -> WindowChoice:
-    """The contiguous start minimising expected emissions that still finishes by ``finish_by``.
+    """The contiguous start minimising expected emissions that still finishes by ``finish_by``: one run of
+    :func:`search_starts` (the search ``plan_job`` uses), with a reason a person can read.
 
-    Candidates are ``earliest``, the latest feasible start and every start where the run begins or ends on a
-    slot boundary (the optimum of a piecewise-constant series lies on one), or a grid of ``step_s`` from
-    ``earliest``. Ties go to the earliest start.
-
-    ``robust`` (default) ranks candidates by the forecast shrunk toward the daily profile of ``history`` (recent
-    actuals, e.g. ``ForecastChain.history``) by lead-time error — the forecast's ``error_mae_by_lead_h`` when it
-    has one, the shipped calibration otherwise (``error_model`` overrides both). Without history the forecast is
-    used as is, and the reason says so. ``risk_aversion > 0`` further adds that many standard deviations of the
-    error of (candidate - run at once). ``expected_gco2_per_kwh`` and ``run_now_gco2_per_kwh`` are always the
-    forecast's own numbers.
+    ``robust`` (default) hands ``history`` (recent actuals, e.g. ``ForecastChain.history``) to the search, which
+    shrinks the forecast toward its daily profile by lead-time error; without history the forecast is used as
+    is, and the reason says so. ``expected_gco2_per_kwh`` and ``run_now_gco2_per_kwh`` are always the
+    forecast's own numbers. Ties go to the earliest start.
     """
     earliest, finish_by = _validate(duration_s, earliest, finish_by, step_s)
     latest = finish_by - timedelta(seconds=duration_s)
@@ -304,14 +461,17 @@ def choose_start(
             forecast,
             run_now,
         )
-    if step_s is None:
-        cand = np.concatenate([[e0, lat], t0, t1 - duration_s])
-    else:
-        cand = np.concatenate([e0 + step_s * np.arange(int((lat - e0) // step_s) + 1), [lat]])
-    cand = np.unique(cand[(cand >= e0) & (cand <= lat)])
-    mean, cov = _window_stats(x, f, c, cand, cand + duration_s)
-    ok = np.isfinite(mean) & (cov >= _COVERED)
-    if not ok.any():
+    found = search_starts(
+        forecast,
+        [duration_s],
+        earliest,
+        [lat - e0],
+        history=history if robust else None,
+        error_model=error_model,
+        step_s=step_s,
+        risk_aversion=risk_aversion if robust else 0.0,
+    )
+    if not found.start_s.size:
         return _fallback(
             earliest,
             duration_s,
@@ -321,29 +481,19 @@ def choose_start(
             forecast,
             run_now,
         )
-    cand, mean = cand[ok], mean[ok]
-    score = mean
-    shrunk = 0
-    if robust:
-        model = error_model or default_error_model()
-        post, sig, shrunk = _robust_series(forecast, t0, t1, val, (e0, finish_by.timestamp()), history, error_model)
-        xp, fp, cp = _cumulative(t0, t1, post)
-        score, _ = _window_stats(xp, fp, cp, cand, cand + duration_s)
-        if risk_aversion > 0:
-            xs, fs, cs = _cumulative(t0, t1, sig)
-            sig_mean, _ = _window_stats(xs, fs, cs, cand, cand + duration_s)
-            score = score + robust_penalty(sig_mean, cand - cand[0], model.phi_per_h, risk_aversion)
-    best = int(np.flatnonzero(score <= np.min(score) + 1e-9)[0])
-    start = datetime.fromtimestamp(float(cand[best]), UTC)
-    expected = float(mean[best])
+    best = found.best()
+    start = earliest + timedelta(seconds=float(found.start_s[best]))
+    expected = float(found.mean_gco2_per_kwh[best])
+    raw_best = float(found.mean_gco2_per_kwh.min())
+    shrunk = found.shrunk_slots
     note = ""
     if run_now is None or now_cov[0] < _COVERED:
         note = " (the forecast does not cover a run started at once)"
     if start == earliest:
         reason = f"start at once ({_fmt(start)}): {expected:.0f} gCO2/kWh expected, no later start is better"
-        if robust and float(mean.min()) < expected - 1e-9:
+        if robust and raw_best < expected - 1e-9:
             reason += (
-                f" once lead-time error is allowed for (the raw forecast's best, {float(mean.min()):.0f} gCO2/kWh, "
+                f" once lead-time error is allowed for (the raw forecast's best, {raw_best:.0f} gCO2/kWh, "
                 "is further ahead and less certain)"
             )
     else:

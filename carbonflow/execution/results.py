@@ -82,7 +82,9 @@ def to_run_result(
     if baseline_energy_ratio is not None and baseline_intensity_gco2_per_kwh is not None:
         run_now_g = energy_total_j * baseline_energy_ratio / 3.6e6 * baseline_intensity_gco2_per_kwh
         saving_g = run_now_g - emissions
-        saving_fraction = saving_g / run_now_g if run_now_g > 0 else 0.0
+        from carbonflow.planning.saving import saving_fraction as one_saving_fraction  # lazy: the planner is heavy
+
+        saving_fraction = one_saving_fraction(emissions, run_now_g)  # carbonflow's one saving definition
         notes.append("emissions_run_now_default_g is predicted (profile energy ratio × run-now intensity)")
     if plan.replay:
         notes.append("carbon intensity replayed from recorded data")

@@ -98,6 +98,20 @@ class CarbonSource:
             self._chain = default_chain(self._credentials)
         return self._chain.forecast(region, now, until, now=now)
 
+    def recent_actuals(self, region: str, now: datetime, days: float = 14.0) -> list[ForecastPoint]:
+        """Actuals of the last ``days`` ended by ``now``: the planner's check on the forecast (robust start
+        search); ``[]`` when no provider has them (the planner then takes the forecast at face value)."""
+        start = now - timedelta(days=days)
+        if self.replay:
+            points = self._replayer().actuals(region, start, now)
+        else:
+            if self._chain is None:
+                from carbonflow.carbon.chain import default_chain
+
+                self._chain = default_chain(self._credentials)
+            points = self._chain.history(region, start, now)
+        return [p for p in points if p.end <= now]
+
     def intensity_for_accounting(
         self, region: str, start: datetime, end: datetime, forecast: Forecast | None
     ) -> tuple[list[ForecastPoint], str]:

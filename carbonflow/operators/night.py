@@ -198,7 +198,10 @@ class NightPlanOperator(BaseOperator):
         raw_pairs = context["ti"].xcom_pull(task_ids=self.pair_profile_task_id) if self.pair_profile_task_id else None
         pair_profiles = [PairProfile(**p) for p in raw_pairs or []]
         history = planning_history([s.name for s in specs], self.tracking_uri, self.log)
-        plans = plan_night(specs, profiles, forecasts, now, pair_profiles=pair_profiles, history=history)
+        recent = {region: source.recent_actuals(region, now) for region in forecasts}
+        plans = plan_night(
+            specs, profiles, forecasts, now, pair_profiles=pair_profiles, history=history, intensity_history=recent
+        )
         by_name = {s.name: s for s in specs}
         guards: dict[str, float] = {}
         notes: dict[str, str] = {}

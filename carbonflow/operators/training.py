@@ -148,7 +148,10 @@ class CarbonAwareTrainingOperator(BaseOperator):
     def _plan(self, spec: JobSpec, profile: Profile, forecast: Forecast | None, now: datetime) -> Plan:
         from carbonflow.planning.optimizer import plan_job
 
-        plan = plan_job(spec, profile, forecast, now, self._history(spec), on_infeasible="fastest")
+        recent = self._source().recent_actuals(spec.region, now)  # the planner's check on the forecast
+        plan = plan_job(
+            spec, profile, forecast, now, self._history(spec), on_infeasible="fastest", intensity_history=recent
+        )
         if forecast is not None:
             plan.replay = forecast.replay
         return plan

@@ -5,10 +5,10 @@ See the docstrings of :mod:`.costs`, :mod:`.optimizer`, :mod:`.colocation` and :
 signatures other parts call.
 """
 
+from carbonflow.planning.batch_size import BatchSizeExplorer, choose_batch_size
 from carbonflow.planning.capacity import (
     CapacityLedger,
     ClusterLoad,
-    choose_start_with_delay_cost,
     deferral_budget_s,
     partner_slowdown_bound,
     power_limit_under_load,
@@ -26,7 +26,6 @@ from carbonflow.planning.colocation import (
     separate_if_slow,
 )
 from carbonflow.planning.costs import (
-    IntensityIntegral,
     Reference,
     carbon_g,
     edp,
@@ -34,14 +33,12 @@ from carbonflow.planning.costs import (
     energy_gain_minus_time_loss_pct,
     objective_cost,
     pareto_front,
-    shrink_forecast,
     zeus_cost,
 )
-from carbonflow.planning.learning import BatchSizeExplorer, Correction, JobHistory, RunRecord
+from carbonflow.planning.learning import Correction, JobHistory, RealisedRun, RunCostModel
 from carbonflow.planning.optimizer import (
     Candidate,
     DeadlineError,
-    choose_batch_size,
     choose_power_limit,
     pareto_alternatives,
     plan_job,
@@ -56,17 +53,16 @@ __all__ = [
     "ClusterLoad",
     "Correction",
     "DeadlineError",
-    "IntensityIntegral",
     "JobHistory",
     "PairProfile",
+    "RealisedRun",
     "Reference",
-    "RunRecord",
+    "RunCostModel",
     "Separation",
     "carbon_g",
     "choose_batch_size",
     "choose_colocation_pairs",
     "choose_power_limit",
-    "choose_start_with_delay_cost",
     "deferral_budget_s",
     "edp",
     "eds",
@@ -84,7 +80,6 @@ __all__ = [
     "predict_candidates",
     "predict_pair_slowdown",
     "separate_if_slow",
-    "shrink_forecast",
     "waiting_slowdown_bound",
     "work_samples",
     "zeus_cost",

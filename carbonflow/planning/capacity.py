@@ -14,8 +14,6 @@ API::
                            congestion_slowdown=0.0) -> float
     deferral_budget_s(predicted_run_s, max_jct_increase, expected_queue_s=0.0) -> float
     CapacityLedger(total_gpus, slot_s, horizon_s).add / remove / peak_gpus / fits
-    choose_start_with_delay_cost(emissions_g, earliest_s, latest_s, step_s, delay_cost_g_per_s, fits=None)
-        -> float
     power_limit_with_delay_cost(power_limits_w, slowdowns, powers_w, gpus, delay_cost_w, max_slowdown,
                                 load=None, queue_cost_w_per_gpu=inf) -> float
 
@@ -25,7 +23,6 @@ Units: seconds, watts, GPUs, grams CO2e.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -147,37 +144,6 @@ class CapacityLedger:
     def fits(self, start_s: float, end_s: float, gpus: int) -> bool:
         """Whether ``gpus`` more fit under the cluster's size in every slot of ``[start_s, end_s)``."""
         return self.peak_gpus(start_s, end_s) + gpus <= self.total_gpus
-
-
-def choose_start_with_delay_cost(
-    emissions_g: Callable[[float], float],
-    earliest_s: float,
-    latest_s: float,
-    step_s: float,
-    delay_cost_g_per_s: float,
-    fits: Callable[[float], bool] | None = None,
-) -> float:
-    """The start minimising ``emissions_g(start) + delay_cost_g_per_s · (start − earliest_s)``.
-
-    Candidates: ``earliest_s`` and every ``step_s`` after it up to ``latest_s``; a candidate other than
-    ``earliest_s`` is skipped when ``fits(start)`` is False (no spare capacity then: deferring into congestion
-    only adds queueing). Ties go to the earliest start. O((latest − earliest) / step) calls of ``emissions_g``.
-    """
-    if step_s <= 0 or delay_cost_g_per_s < 0:
-        raise ValueError(
-            f"step_s={step_s}, delay_cost_g_per_s={delay_cost_g_per_s} are not allowed; step > 0, cost >= 0"
-        )
-    best_s = earliest_s
-    best_cost = emissions_g(earliest_s)
-    if latest_s <= earliest_s:
-        return best_s
-    n = int((latest_s - earliest_s) // step_s)
-    for i in range(1, n + 1):
-        s = earliest_s + i * step_s
-        cost = emissions_g(s) + delay_cost_g_per_s * (s - earliest_s)
-        if cost < best_cost - 1e-9 and (fits is None or fits(s)):
-            best_s, best_cost = s, cost
-    return best_s
 
 
 def power_limit_with_delay_cost(

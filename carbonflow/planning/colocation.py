@@ -13,8 +13,8 @@ API others call::
     predict_pair_slowdown(job_a, job_b, solo_a_s, solo_b_s, pair_profiles=None, history=None)
         -> tuple[float, float] | None                                     # None: nothing known, never pair
     choose_colocation_pairs(jobs, max_slowdowns, pair_slowdowns, savings) -> list[tuple[str, str]]
-    plan_night(specs, profiles, forecasts, now, pair_profiles=None, history=None, robust=False,
-               early_stop=False) -> list[Plan]
+    plan_night(specs, profiles, forecasts, now, pair_profiles=None, history=None, early_stop=False,
+               intensity_history=None) -> list[Plan]
     separate_if_slow(observed_slowdowns, plans, max_slowdowns) -> Separation
     observed_slowdown(solo_throughput, observed_throughput) -> float
 
@@ -36,17 +36,12 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from carbonflow.models import Config, EnergyLabel, Forecast, JobSpec, Plan, Profile
-from carbonflow.planning.costs import IntensityIntegral, shrink_forecast
+from carbonflow.carbon.windows import held_window_means, slot_boundaries_s
+from carbonflow.models import Config, EnergyLabel, Forecast, ForecastPoint, JobSpec, Plan, Profile
+from carbonflow.planning.batch_size import batch_size_explorer, batch_size_of, deadline_epochs
 from carbonflow.planning.learning import JobHistory
-from carbonflow.planning.optimizer import (
-    Candidate,
-    DeadlineError,
-    batch_size_explorer,
-    deadline_epochs,
-    plan_job,
-    predict_candidates,
-)
+from carbonflow.planning.optimizer import Candidate, DeadlineError, plan_job, predict_candidates
+from carbonflow.units import J_PER_KWH
 
 
 @dataclass(frozen=True)
@@ -197,6 +192,18 @@ class _PairOption:
     unit: str
 
 
+def _reference(
+    spec: JobSpec, profile: Profile, history: JobHistory | None, refs: dict[str, Candidate] | None
+) -> Candidate:
+    """The job's reference configuration's prediction (remembered in ``refs`` when given)."""
+    if refs is not None and spec.name in refs:
+        return refs[spec.name]
+    _, ref, _ = predict_candidates(spec, profile, history)
+    if refs is not None:
+        refs[spec.name] = ref
+    return ref
+
+
 def _pair_option(
     spec_a: JobSpec,
     spec_b: JobSpec,
@@ -208,10 +215,13 @@ def _pair_option(
     forecast: Forecast | None,
     now: datetime,
     history: JobHistory | None,
+    refs: dict[str, Candidate] | None = None,
 ) -> _PairOption | None:
-    """Best joint start of a co-located pair (each at its reference configuration) and its saving."""
-    _, ref_a, _ = predict_candidates(spec_a, prof_a, history)
-    _, ref_b, _ = predict_candidates(spec_b, prof_b, history)
+    """Best joint start of a co-located pair (each at its reference configuration) and its saving.
+
+    ``refs`` remembers each job's reference prediction across the night's pairs."""
+    ref_a = _reference(spec_a, prof_a, history, refs)
+    ref_b = _reference(spec_b, prof_b, history, refs)
     if ref_a.config.containers != 1 or ref_b.config.containers != 1:
         return None
     slow = predict_pair_slowdown(spec_a.name, spec_b.name, ref_a.duration_s, ref_b.duration_s, [pair], history)
@@ -230,25 +240,24 @@ def _pair_option(
     hi = min(latest) if latest else 0.0
     if hi < 0:
         return None
-    integral = IntensityIntegral(forecast, now) if forecast is not None else None
-    if integral is not None and not latest:
-        hi = max(0.0, integral.horizon_end_s - tl.device_s)
+    if forecast is not None and not latest:
+        hi = max(0.0, (forecast.points[-1].end - now).total_seconds() - tl.device_s)
     starts = [0.0, hi]
-    if integral is not None and hi > 0:
-        bps = integral.breakpoints_s()
+    if forecast is not None and hi > 0:
+        bps = slot_boundaries_s(forecast, now)
         starts += [b for b in bps if 0 < b < hi] + [b - tl.overlap_s for b in bps if 0 < b - tl.overlap_s < hi]
         starts += [b - tl.device_s for b in bps if 0 < b - tl.device_s < hi]
     s = np.unique(np.round(np.array(starts), 3))
     overlap_e = pair.power_w * tl.overlap_s
     tail_power = (ref_b if tl.tail_job == "b" else ref_a).power_w
     tail_e = tail_power * tl.tail_s
-    if integral is not None:
-        ci_overlap = integral.mean(s, np.full(s.size, tl.overlap_s))
-        ci_tail = integral.mean(s + tl.overlap_s, np.full(s.size, tl.tail_s))
+    if forecast is not None:
+        ci_overlap = held_window_means(forecast, now, s, tl.overlap_s)
+        ci_tail = held_window_means(forecast, now, s + tl.overlap_s, tl.tail_s)
     else:
         ci_overlap = ci_tail = np.ones(s.size)
-    em_overlap = overlap_e / 3.6e6 * ci_overlap
-    em_tail = tail_e / 3.6e6 * ci_tail
+    em_overlap = overlap_e / J_PER_KWH * ci_overlap
+    em_tail = tail_e / J_PER_KWH * ci_tail
     objective_is_carbon = forecast is not None and spec_a.objective == "carbon" and spec_b.objective == "carbon"
     total = em_overlap + em_tail if objective_is_carbon else np.full(s.size, overlap_e + tail_e)
     best = int(np.lexsort((s, total))[0])
@@ -301,7 +310,7 @@ def _explores(spec: JobSpec, profile: Profile, history: JobHistory | None, plan:
     explorer = batch_size_explorer(spec, profile, history)
     if explorer is None:
         return False
-    bs = plan.config.batch_size if plan.config.batch_size is not None else spec.batch_size
+    bs = batch_size_of(plan.config, spec)
     return bs != spec.batch_size and bs in explorer.arms and not explorer.arms[bs].costs
 
 
@@ -312,8 +321,8 @@ def plan_night(
     now: datetime,
     pair_profiles: Sequence[PairProfile] | None = None,
     history: JobHistory | None = None,
-    robust: bool = False,
     early_stop: bool = False,
+    intensity_history: Mapping[str, Sequence[ForecastPoint]] | None = None,
 ) -> list[Plan]:
     """Plans for a night's batch: each job's joint plan, then guarded co-location where it saves more.
 
@@ -340,16 +349,16 @@ def plan_night(
             now,
             history,
             on_infeasible="fastest",
-            robust=robust,
             early_stop=early_stop,
+            intensity_history=(intensity_history or {}).get(s.region),
         )
         for s in specs
     }
     if not pair_profiles and history is None:
         return [solo[n] for n in names]
 
-    shrunk = {region: shrink_forecast(f, now) if f is not None and robust else f for region, f in forecasts.items()}
     options: dict[tuple[str, str], _PairOption] = {}
+    refs: dict[str, Candidate] = {}
     slowdowns: dict[tuple[str, str], tuple[float, float] | None] = {}
     savings: dict[tuple[str, str], float] = {}
     known = {(p.job_a, p.job_b) for p in pair_profiles or ()} | {(p.job_b, p.job_a) for p in pair_profiles or ()}
@@ -364,7 +373,7 @@ def plan_night(
         assert pair is not None
         try:
             opt = _pair_option(
-                sa, sb, profiles[a], profiles[b], solo[a], solo[b], pair, shrunk.get(sa.region), now, history
+                sa, sb, profiles[a], profiles[b], solo[a], solo[b], pair, forecasts.get(sa.region), now, history, refs
             )
         except (DeadlineError, ValueError):
             continue

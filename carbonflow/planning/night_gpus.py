@@ -19,11 +19,11 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from carbonflow.models import JobSpec, Plan, Profile
+from carbonflow.carbon.windows import held_window_means, search_starts
+from carbonflow.models import Forecast, JobSpec, Plan, Profile
+from carbonflow.planning.batch_size import deadline_epochs
 from carbonflow.planning.capacity import CapacityLedger
-from carbonflow.planning.costs import IntensityIntegral
 from carbonflow.planning.learning import JobHistory
-from carbonflow.planning.optimizer import deadline_epochs
 from carbonflow.units import emissions_g_from
 
 SLOT_S = 900.0
@@ -80,31 +80,33 @@ def _latest_start_s(group: list[Plan], now: datetime, factors: Mapping[str, floa
 
 
 def _best_start_s(
-    group: list[Plan], ledger: CapacityLedger, intensity: IntensityIntegral | None, latest_s: float
+    group: list[Plan], ledger: CapacityLedger, forecast: Forecast | None, now: datetime, latest_s: float
 ) -> float | None:
-    """The lowest-carbon start before ``latest_s`` at which the group fits (None: there is none)."""
+    """The lowest-carbon start before ``latest_s`` at which the group fits (None: there is none), from
+    carbonflow's one start search on a grid of the ledger's slots."""
     duration_s, gpus = _duration_s(group), _gpus(group)
     horizon_s = (len(ledger.demand) - 1) * ledger.slot_s
-    candidates = np.arange(0.0, horizon_s, ledger.slot_s)
-    fitting = [s for s in candidates if ledger.fits(s, s + duration_s, gpus)]
-    on_time = [s for s in fitting if s <= latest_s]
-    if not on_time:
+    latest_s = min(latest_s, horizon_s - ledger.slot_s)
+    if latest_s < 0:
         return None
-    if intensity is None:
-        return float(on_time[0])
-    return float(on_time[int(np.argmin(intensity.mean(np.array(on_time), duration_s)))])
+    if forecast is None:
+        candidates = np.arange(0.0, latest_s + 1e-9, ledger.slot_s)
+        return next((float(s) for s in candidates if ledger.fits(s, s + duration_s, gpus)), None)
+    found = search_starts(forecast, [duration_s], now, [latest_s], step_s=ledger.slot_s, hold_edges=True)
+    k = found.first_that(lambda s: s % ledger.slot_s < 1e-6 and ledger.fits(s, s + duration_s, gpus))
+    return None if k is None else float(found.start_s[k])
 
 
 def fit_plans_to_gpus(
     plans: Sequence[Plan],
     gpus: int,
     now: datetime,
-    intensity: IntensityIntegral | None = None,
+    forecast: Forecast | None = None,
     deadline_factor: Mapping[str, float] | None = None,
 ) -> list[Plan]:
     """``plans`` with starts moved so that no more than ``gpus`` GPUs are ever busy; output order = input order.
 
-    ``intensity`` is the forecast the plans were made with (None: no forecast, a moved group takes the
+    ``forecast`` is the forecast the plans were made with (None: no forecast, a moved group takes the
     earliest start that fits). Durations are the plans' predictions; a moved group keeps the planner's deadline
     margin (``deadline_factor``, from :func:`deadline_factors`; default 1).
     """
@@ -119,13 +121,13 @@ def fit_plans_to_gpus(
         duration_s, need = _duration_s(group), _gpus(group)
         start_s, note = planned_s, None
         if not ledger.fits(planned_s, planned_s + duration_s, need):
-            start_s = _best_start_s(group, ledger, intensity, _latest_start_s(group, now, factors))
+            start_s = _best_start_s(group, ledger, forecast, now, _latest_start_s(group, now, factors))
             if start_s is None:
                 return _over_committed(plans, gpus, now)
             note = _move_note(group[0].start, now + timedelta(seconds=start_s), gpus)
         ledger.add(start_s, start_s + duration_s, need)
         for p in group:
-            moved[p.job] = _moved(p, now + timedelta(seconds=start_s), note, intensity, now)
+            moved[p.job] = _moved(p, now + timedelta(seconds=start_s), note, forecast, now)
     return [moved[p.job] for p in plans]
 
 
@@ -143,11 +145,11 @@ def _over_committed(plans: Sequence[Plan], gpus: int, now: datetime) -> list[Pla
     return [_moved(p, now, note, None, now) for p in plans]
 
 
-def _moved(plan: Plan, start: datetime, note: str | None, intensity: IntensityIntegral | None, now: datetime) -> Plan:
+def _moved(plan: Plan, start: datetime, note: str | None, forecast: Forecast | None, now: datetime) -> Plan:
     if note is None:
         return plan
     update: dict = {"start": start, "reason": f"{plan.reason} ({note})"}
-    if intensity is not None:
-        mean = float(intensity.mean((start - now).total_seconds(), plan.predicted_duration_s))
+    if forecast is not None:
+        mean = float(held_window_means(forecast, now, (start - now).total_seconds(), plan.predicted_duration_s)[0])
         update["predicted_emissions_g"] = emissions_g_from(plan.predicted_energy_j, mean)
     return plan.model_copy(update=update)

@@ -4,16 +4,16 @@ Pure and deterministic: the same inputs give the same Plan (``created_at`` is se
 
 API others call::
 
-    choose_batch_size(spec, profile, history, seed=0) -> int | None   # learned across recurrences
-    batch_size_explorer(spec, profile, history) -> BatchSizeExplorer | None  # its state (e.g. stop_threshold)
-    deadline_epochs(spec, history, batch_size) -> float | None        # epochs the deadline is planned for
     plan_job(spec: JobSpec, profile: Profile, forecast: Forecast | None, now: datetime,
              history: JobHistory | None = None, *, on_infeasible: "raise" | "fastest" = "raise",
-             alternatives_per_config: int = 3, robust: bool = False, early_stop: bool = False) -> Plan
+             alternatives_per_config: int = 3, early_stop: bool = False,
+             intensity_history: Sequence[ForecastPoint] | None = None) -> Plan
     choose_power_limit(power_limits_w, time_s, power_w, *, objective="energy", max_slowdown=0.10,
                        default_power_limit_w=None, max_power_w=None) -> float
     predict_candidates(spec, profile, history=None) -> (list[Candidate], reference Candidate, Reference)
     work_samples(spec, profile, batch_size=None, history=None) -> float
+
+(The batch size learned across recurrences and its deadline margins: :mod:`carbonflow.planning.batch_size`.)
 
 How a plan is made
 ------------------
@@ -23,8 +23,10 @@ How a plan is made
 * **Batch size** (opt-in: ``batch_sizes`` and ``target_metric`` set, history given): tonight's batch size
   comes from :func:`choose_batch_size` (exploration across recurrences); the other knobs are chosen for it.
 * **Per configuration** (each profile point whose batch size / containers / power limit the JobSpec allows):
-  duration = work / throughput, energy = power × duration (power = the sum over devices), both multiplied
-  by the history's correction factors (realised / predicted over a drift window).
+  duration = fixed + factor × work / throughput, energy = fixed + factor × power × profile duration (power =
+  the sum over devices); the fixed parts (start-up, data loading, evaluation) and factors are the job's
+  :class:`~carbonflow.planning.learning.RunCostModel`, learned from its realised runs against what the profile
+  predicts for them and the same for every configuration (none before the first run).
 * **Reference** ("default configuration", also the ``baseline``): the job's default container count
   (``min_containers``), the profile's default power limit (else the highest profiled one) and the job's own
   batch size, started now. The slowdown bound is ``duration ≤ (1 + max_slowdown) × reference duration``;
@@ -49,14 +51,15 @@ How a plan is made
   ``on_infeasible="raise"`` (default) raises :class:`DeadlineError` (a ValueError naming ``finish_by``) and
   ``on_infeasible="fastest"`` returns the fastest configuration starting now with a reason that begins
   ``DEADLINE AT RISK``. A deadline is never missed silently.
-* ``robust=True`` (opt-in): when the forecast carries ``error_mae_by_lead_h``, its values are first shrunk
-  toward their mean by :func:`carbonflow.planning.costs.shrink_forecast` (winner's-curse correction). On a
-  year of GB/DE/CAISO replays with calibrated error it did not pay (nightly_carbon ``--robust``), so it is off.
+* **One start search.** Starts come from :func:`carbonflow.carbon.windows.search_starts`, the same search
+  ``choose_start``, ``plan_night`` and the benchmarks use. Robustness has one meaning: given
+  ``intensity_history`` (recent actuals), each forecast slot is shrunk toward the recent daily profile by its
+  lead-time error variance before ranking; without it the forecast is taken at face value. Reported emissions
+  are always the forecast's own numbers.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -64,22 +67,34 @@ from typing import Literal
 
 import numpy as np
 
-from carbonflow.models import Config, Forecast, JobSpec, Plan, PlanAlternative, Profile, ProfilePoint, parse_objective
-from carbonflow.planning.costs import (
-    IntensityIntegral,
-    Reference,
-    emissions_g,
-    objective_costs,
-    pareto_front,
-    shrink_forecast,
+from carbonflow.carbon.windows import StartSearch, search_starts
+from carbonflow.models import (
+    Config,
+    Forecast,
+    ForecastPoint,
+    JobSpec,
+    Plan,
+    PlanAlternative,
+    Profile,
+    ProfilePoint,
+    parse_objective,
 )
-from carbonflow.planning.learning import BatchSizeExplorer, JobHistory
+from carbonflow.planning.batch_size import (
+    batch_size_explorer,
+    batch_size_of,
+    deadline_margins,
+    point_power_w,
+)
+from carbonflow.planning.costs import (
+    Reference,
+    pareto_front,
+)
+from carbonflow.planning.learning import JobHistory, RealisedRun, RunCostModel
+from carbonflow.planning.objectives import SlowdownConstraint, objective_for
+from carbonflow.planning.saving import saving_fraction, saving_phrase
+from carbonflow.units import J_PER_KWH, emissions_g_from
 
 _EPS = 1e-9
-DEADLINE_EPOCH_MARGIN = 1.5
-"""Latest start of a job trained to a target: for this × the most epochs a recent run needed (see module doc)."""
-DEADLINE_MIN_RUNS = 3
-"""Fewer runs that reached the target at a batch size than this: the deadline is planned for the whole budget."""
 
 
 class DeadlineError(ValueError):
@@ -95,6 +110,8 @@ class Candidate:
     energy_j: float
     slowdown: float
     within_slowdown: bool
+    fixed_s: float = 0.0
+    """The per-run fixed part of ``duration_s`` (start-up, data loading, evaluation), learned from past runs."""
 
     @property
     def config(self) -> Config:
@@ -137,7 +154,7 @@ def _allowed_points(spec: JobSpec, profile: Profile) -> list[ProfilePoint]:
     allowed_bs = set(spec.batch_sizes or []) | {spec.batch_size}
     points = []
     for p in profile.points:
-        bs = p.config.batch_size if p.config.batch_size is not None else spec.batch_size
+        bs = batch_size_of(p.config, spec)
         if spec.batch_sizes is None and bs != spec.batch_size:
             continue
         if bs not in allowed_bs:
@@ -158,78 +175,11 @@ def _allowed_points(spec: JobSpec, profile: Profile) -> list[ProfilePoint]:
     return points
 
 
-def batch_size_explorer(spec: JobSpec, profile: Profile, history: JobHistory | None) -> BatchSizeExplorer | None:
-    """The batch-size explorer of a job trained to a target, with its history replayed (None: not opted in).
-
-    Its prior is the profile's least energy per epoch at each candidate batch size; the history's runs
-    (realised energy in J as the cost, whether the target was reached, epochs) are observed in time order.
-    The caller may ask it for :meth:`~carbonflow.planning.learning.BatchSizeExplorer.stop_threshold` (J).
-    """
-    if not spec.batch_sizes or spec.target_metric is None or history is None:
-        return None
-    sizes = sorted(set(spec.batch_sizes) | {spec.batch_size})
-    spe = profile.samples_per_epoch or spec.batch_size
-    prior: dict[int, float] = {}
-    for p in profile.points:
-        bs = p.config.batch_size if p.config.batch_size is not None else spec.batch_size
-        if bs in sizes:
-            per_epoch = _power_w(p) / p.throughput_samples_per_s * spe
-            prior[bs] = min(prior.get(bs, float("inf")), per_epoch)
-    sizes = [b for b in sizes if b in prior]
-    if spec.batch_size not in prior:
-        return None
-    # What the job costs per epoch without carbonflow (its batch size at the highest power limit profiled):
-    # with it the explorer only risks a run that what it saved over that default covers.
-    at_default = [p for p in profile.points if (p.config.batch_size or spec.batch_size) == spec.batch_size]
-    top = max(at_default, key=lambda p: p.config.power_limit_w or math.inf)
-    default_cost = _power_w(top) / top.throughput_samples_per_s * spe
-    explorer = BatchSizeExplorer(sizes, spec.batch_size, prior, default_cost_per_epoch=default_cost)
-    for r in history.for_job(spec.name):
-        if r.batch_size in prior:
-            explorer.observe(r.batch_size, r.realised_energy_j, bool(r.reached_target), r.epochs)  # type: ignore[arg-type]
-    return explorer
-
-
-def choose_batch_size(spec: JobSpec, profile: Profile, history: JobHistory | None, seed: int = 0) -> int | None:
-    """Tonight's batch size for a job trained to a target, learned across recurrences (None: not opted in).
-
-    Asks :func:`batch_size_explorer`. Deterministic: the random stream is seeded by ``seed`` and the
-    number of past runs.
-    """
-    explorer = batch_size_explorer(spec, profile, history)
-    if explorer is None:
-        return None
-    return explorer.choose(np.random.default_rng([seed, explorer.runs]))
-
-
-def deadline_epochs(spec: JobSpec, history: JobHistory | None, batch_size: int | None) -> float | None:
-    """Epochs a target-trained job's deadline is planned for at ``batch_size`` (None: not trained to a target).
-
-    ``DEADLINE_EPOCH_MARGIN`` × the most epochs a recent run (the history's drift window) that reached the
-    target at this batch size needed, at most ``spec.epochs``; ``spec.epochs`` while fewer than
-    ``DEADLINE_MIN_RUNS`` runs did (epochs to target can be bimodal: ImageNet at batch 192 needs 20–22 or 31).
-    """
-    if spec.target_metric is None or spec.epochs is None or history is None:
-        return None
-    bs = batch_size if batch_size is not None else spec.batch_size
-    seen = [
-        r.epochs
-        for r in history.for_job(spec.name)
-        if (r.batch_size if r.batch_size is not None else spec.batch_size) == bs
-        and r.reached_target
-        and r.epochs is not None
-        and r.epochs > 0
-    ][-history.drift_window :]
-    if len(seen) < DEADLINE_MIN_RUNS:
-        return float(spec.epochs)
-    return min(float(spec.epochs), DEADLINE_EPOCH_MARGIN * max(seen))
-
-
 def default_point(spec: JobSpec, points: Sequence[ProfilePoint], profile: Profile) -> ProfilePoint:
     """The reference configuration: default containers, default (else highest) power limit, the job's batch size."""
 
     def bs(p: ProfilePoint) -> int:
-        return p.config.batch_size if p.config.batch_size is not None else spec.batch_size
+        return batch_size_of(p.config, spec)
 
     same_bs = [p for p in points if bs(p) == spec.batch_size] or list(points)
     by_containers = [p for p in same_bs if p.config.containers == spec.min_containers] or same_bs
@@ -238,11 +188,6 @@ def default_point(spec: JobSpec, points: Sequence[ProfilePoint], profile: Profil
         if p.config.power_limit_w is None or (default_pl is not None and p.config.power_limit_w == default_pl):
             return p
     return max(by_containers, key=lambda p: (p.config.power_limit_w or 0.0, p.throughput_samples_per_s))
-
-
-def _power_w(point: ProfilePoint) -> float:
-    total = point.power_total_w
-    return total if total > 0 else point.energy_per_sample_j * point.throughput_samples_per_s
 
 
 def predict_candidates(
@@ -265,15 +210,22 @@ def predict_candidates(
                     works[bs] = min(works[bs], guess * profile.samples_per_epoch)
         return works[bs]
 
+    by_key = {p.config.key(): p for p in profile.points}
+
+    def profile_prediction(r: RealisedRun) -> tuple[float, float] | None:
+        """What the profile alone predicts for a realised run: its configuration, its work."""
+        p = by_key.get(r.config_key)
+        if p is None or p.throughput_samples_per_s <= 0:
+            return None
+        work = r.epochs * profile.samples_per_epoch if r.epochs and profile.samples_per_epoch else None
+        duration = (work if work is not None else work_of(p.config.batch_size)) / p.throughput_samples_per_s
+        return duration, point_power_w(p) * duration
+
+    model = history.run_cost_model(spec.name, profile_prediction) if history is not None else RunCostModel()
+
     def predict(p: ProfilePoint) -> tuple[float, float]:
-        work = work_of(p.config.batch_size)
-        duration = work / p.throughput_samples_per_s
-        energy = _power_w(p) * duration
-        if history is not None:
-            corr = history.correction(spec.name, p.config.key())
-            duration *= corr.time_factor
-            energy *= corr.energy_factor
-        return duration, energy
+        duration = work_of(p.config.batch_size) / p.throughput_samples_per_s
+        return model.duration_s(duration), model.energy_j(point_power_w(p) * duration)
 
     ref_duration, ref_energy = predict(ref_point)
     bound = ref_duration * (1 + spec.max_slowdown)
@@ -281,12 +233,14 @@ def predict_candidates(
     ref_candidate: Candidate | None = None
     for p in points:
         duration, energy = predict(p)
-        c = Candidate(p, duration, energy, duration / ref_duration - 1, duration <= bound * (1 + _EPS))
+        c = Candidate(p, duration, energy, duration / ref_duration - 1, duration <= bound * (1 + _EPS), model.fixed_s)
         candidates.append(c)
         if p is ref_point:
             ref_candidate = c
     assert ref_candidate is not None
-    max_pl = profile.max_power_w or max((p.config.power_limit_w or 0.0) for p in profile.points) or _power_w(ref_point)
+    max_pl = (
+        profile.max_power_w or max((p.config.power_limit_w or 0.0) for p in profile.points) or point_power_w(ref_point)
+    )
     ref = Reference(energy_j=ref_energy, time_s=ref_duration, max_power_w=max_pl * ref_point.config.containers)
     return candidates, ref_candidate, ref
 
@@ -302,17 +256,47 @@ def _fmt_config(config: Config) -> str:
     return ", ".join(parts)
 
 
-def _signed(pct: float) -> str:
-    value = round(pct)
-    return f"−{-value} %" if value < 0 else f"+{value} %"
-
-
 def _hm(when: datetime) -> str:
     return when.strftime("%H:%M")
 
 
-def _pct(new: float, old: float) -> float:
-    return 100.0 * (new - old) / old if old > 0 else 0.0
+@dataclass
+class _Tonight:
+    """What plan_job works on: tonight's candidate configurations and everything known about them."""
+
+    candidates: list[Candidate]
+    ref_c: Candidate
+    ref: Reference
+    margin: np.ndarray | None
+    notes: list[str]
+
+    @property
+    def durations(self) -> np.ndarray:
+        return _durations(self.candidates)
+
+    @property
+    def energies(self) -> np.ndarray:
+        return np.array([c.energy_j for c in self.candidates], dtype=float)
+
+    @property
+    def within(self) -> np.ndarray:
+        return np.array([c.within_slowdown for c in self.candidates], dtype=bool)
+
+
+@dataclass
+class _Choice:
+    """The ranked (configuration, start) candidates and the chosen one."""
+
+    cfg_idx: np.ndarray
+    start_s: np.ndarray
+    em: np.ndarray
+    cost: np.ndarray
+    feasible: np.ndarray
+    order: np.ndarray
+
+    @property
+    def best(self) -> int:
+        return int(self.order[0])
 
 
 def plan_job(
@@ -324,14 +308,16 @@ def plan_job(
     *,
     on_infeasible: Literal["raise", "fastest"] = "raise",
     alternatives_per_config: int = 3,
-    robust: bool = False,
     early_stop: bool = False,
+    intensity_history: Sequence[ForecastPoint] | None = None,
 ) -> Plan:
-    """Choose configuration and start jointly for one job (see the module docstring).
+    """Choose configuration and start jointly for one job (see the module docstring): candidates →
+    predictions → start search → choice → reason.
 
     ``early_stop=True``: the caller stops a run of a target-trained job once it has spent the batch-size
     explorer's :meth:`~carbonflow.planning.learning.BatchSizeExplorer.stop_threshold` and reruns it at once at
     the best known batch size; the deadline margin then counts on that stop and reserves time for the rerun.
+    ``intensity_history``: recent actual intensity, which makes the start search robust (see module doc).
     """
     _utc("now", now)
     if on_infeasible not in ("raise", "fastest"):
@@ -340,192 +326,26 @@ def plan_job(
         raise DeadlineError(f"finish_by={spec.finish_by.isoformat()} is not after now={now.isoformat()}")
     if forecast is not None and not forecast.points:
         forecast = None
-    objective = spec.objective
-    name, _ = parse_objective(objective)
-    notes: list[str] = []
-    if forecast is None and name == "carbon":
-        objective = "energy"
-        notes.append("no forecast: starts now, carbon objective planned as energy")
-    elif forecast is None:
-        notes.append("no forecast: starts now")
-
-    candidates, ref_c, ref = predict_candidates(spec, profile, history)
-    explorer = batch_size_explorer(spec, profile, history)
-    limit_s = (spec.finish_by - now).total_seconds() if spec.finish_by is not None else float("inf")
-    margin_all, reserve_s = _deadline_factors(spec, profile, history, candidates, explorer if early_stop else None)
-    if explorer is not None:
-        assert history is not None
-        learned_bs = explorer.choose(np.random.default_rng([0, explorer.runs]))  # = choose_batch_size(seed=0)
-        margins = margin_all if margin_all is not None else np.ones(len(candidates))
-
-        def fits(bs: int) -> bool:
-            """Some configuration of this batch size keeps the slowdown bound and, with its deadline margin
-            (and, for an untried size, the time to rerun at the best known size after an early stop), finish_by."""
-            return any(
-                c.within_slowdown and c.duration_s * m + reserve_s.get(bs, 0.0) <= limit_s + _EPS
-                for c, m in zip(candidates, margins, strict=True)
-                if _bs(c, spec) == bs
-            )
-
-        runs = len(history.for_job(spec.name))
-        if fits(learned_bs):
-            notes.append(f"batch size {learned_bs} learned across {runs} runs")
-        else:
-            fallback = explorer.best_mean()[0]
-            if not fits(fallback):
-                fallback = _bs(ref_c, spec)
-            notes.append(f"batch size {learned_bs} does not fit the slowdown bound or finish_by tonight: {fallback}")
-            learned_bs = fallback
-        keep = [i for i, c in enumerate(candidates) if _bs(c, spec) == learned_bs]
-        if keep:
-            candidates = [candidates[i] for i in keep]
-            if margin_all is not None:
-                margin_all = margin_all[keep]
-            extra_s = reserve_s.get(learned_bs, 0.0)
-            if extra_s > 0 and margin_all is not None and np.all(_durations(candidates) > 0):
-                # Reserve the rerun's time after an early-stopped exploratory run: fold it into the margin.
-                margin_all = margin_all + extra_s / _durations(candidates)
-    n = len(candidates)
-    durations = np.array([c.duration_s for c in candidates])
-    energies = np.array([c.energy_j for c in candidates])
-    within = np.array([c.within_slowdown for c in candidates])
-    keys = [c.config.key() for c in candidates]
-    key_rank = np.argsort(np.argsort(np.array(keys)))  # deterministic final tie-break
-
-    finish_by_s = (spec.finish_by - now).total_seconds() if spec.finish_by is not None else None
-    if robust and forecast is not None and forecast.error_mae_by_lead_h:
-        forecast = shrink_forecast(forecast, now)
-        notes.append("forecast shrunk by its error")
-    integral = IntensityIntegral(forecast, now) if forecast is not None else None
-    squeezed = np.zeros(n, dtype=bool)
-    if finish_by_s is not None:
-        latest = finish_by_s - durations
-        margin = margin_all
-        if margin is not None:  # plan the latest start for the job's likely most epochs
-            roomy = durations * margin <= finish_by_s + _EPS
-            if np.any(roomy & within):  # configurations without room for them are left out
-                squeezed = (latest >= -_EPS) & ~roomy
-                latest = np.where(roomy, finish_by_s - durations * margin, -1.0)
-            else:  # none has room: start now
-                latest = np.where(latest >= -_EPS, np.maximum(0.0, finish_by_s - durations * margin), latest)
-    elif integral is not None:
-        latest = np.maximum(0.0, integral.horizon_end_s - durations)
-    else:
-        latest = np.zeros(n)
-    meets_deadline_now = latest >= -_EPS
-
-    # Candidate starts per configuration (offsets from now, s).
-    if integral is not None:
-        bps = integral.breakpoints_s()
-        bps = bps[bps > 0]
-    else:
-        bps = np.array([])
-    cfg_idx_l, start_l = [], []
-    for i in range(n):
-        if not meets_deadline_now[i]:
-            continue
-        hi = max(0.0, float(latest[i]))
-        starts = [0.0, hi]
-        if bps.size and hi > 0:
-            starts.extend(bps[bps < hi].tolist())
-            ends = bps - durations[i]
-            starts.extend(ends[(ends > 0) & (ends < hi)].tolist())
-        s = np.unique(np.round(np.array(starts), 3))
-        cfg_idx_l.append(np.full(s.size, i))
-        start_l.append(s)
-
-    if not cfg_idx_l or not np.any(within & meets_deadline_now):
-        fastest = int(np.argmin(durations))
-        need = timedelta(seconds=float(durations[fastest]))
-        msg = (
-            f"finish_by={spec.finish_by.isoformat() if spec.finish_by else None} cannot be met: the fastest "
-            f"configuration ({_fmt_config(candidates[fastest].config)}) needs {need} from now={now.isoformat()}"
-        )
-        if on_infeasible == "raise":
-            raise DeadlineError(msg)
-        cfg_idx = np.array([fastest])
-        start_s = np.array([0.0])
-        notes.insert(0, "DEADLINE AT RISK")
-        forced = True
-    else:
-        cfg_idx = np.concatenate(cfg_idx_l)
-        start_s = np.concatenate(start_l)
-        forced = False
-
-    dur = durations[cfg_idx]
-    en = energies[cfg_idx]
-    mean_ci = integral.mean(start_s, dur) if integral is not None else np.zeros_like(dur)
-    em = en / 3.6e6 * mean_ci
-    cost = objective_costs(objective, en, dur, em, ref)
-    feasible = within[cfg_idx] | forced
-    # Quantise costs so float noise never decides; then the documented tie-breaks.
-    scale = max(float(np.max(np.abs(cost))), 1e-300)
-    qcost = np.round(cost / scale, 9)
-    order = np.lexsort((key_rank[cfg_idx], start_s, dur, en, np.round(em / max(em.max(), 1e-300), 9), qcost, ~feasible))
-    best = int(order[0])
-    bi = int(cfg_idx[best])
-    chosen = candidates[bi]
-    start = now + timedelta(seconds=float(start_s[best]))
-    if integral is not None and integral.beyond_horizon(float(start_s[best] + dur[best])):
+    objective, notes = _objective_tonight(spec, forecast)
+    tonight = _candidates_tonight(spec, profile, history, now, early_stop, notes)  # candidates + predictions
+    latest, squeezed = _latest_starts(spec, forecast, now, tonight)
+    found = _start_search(forecast, now, tonight, latest, intensity_history)  # the one start search
+    choice = _choose(spec, forecast, now, tonight, latest, found, objective, on_infeasible)
+    chosen = tonight.candidates[int(choice.cfg_idx[choice.best])]
+    start = now + timedelta(seconds=float(choice.start_s[choice.best]))
+    if forecast is not None and float(choice.start_s[choice.best]) + chosen.duration_s > found.horizon_end_s + _EPS:
         notes.append("run ends after the forecast horizon: its last value is held")
-
-    def alt(i: int, s_off: float, e_g: float, c: float, ok: bool, why: str | None) -> PlanAlternative:
-        return PlanAlternative(
-            config=candidates[i].config,
-            start=now + timedelta(seconds=float(s_off)),
-            predicted_duration_s=float(durations[i]),
-            predicted_energy_j=float(energies[i]),
-            predicted_emissions_g=float(e_g),
-            cost=float(c),
-            feasible=ok,
-            why_not=why,
-        )
-
-    # Alternatives: best few starts per feasible configuration, one entry per infeasible one.
-    alternatives: list[PlanAlternative] = []
-    taken: dict[int, int] = {}
-    for j in order.tolist():
-        i = int(cfg_idx[j])
-        if j == best or taken.get(i, 0) >= alternatives_per_config:
-            continue
-        taken[i] = taken.get(i, 0) + 1
-        why = (
-            None
-            if feasible[j]
-            else f"slowdown {candidates[i].slowdown:+.1%} exceeds max_slowdown {spec.max_slowdown:.0%}"
-        )
-        alternatives.append(alt(i, start_s[j], em[j], cost[j], bool(feasible[j]), why))
-    for i in range(n):
-        if not meets_deadline_now[i]:
-            finish = now + timedelta(seconds=float(durations[i]))
-            why = f"finishes {finish.isoformat(timespec='minutes')} after finish_by even if started now"
-            if squeezed[i]:
-                why = "no room before finish_by for the most epochs it is likely to need (see deadline_epochs)"
-            ci0 = float(integral.mean(0.0, durations[i])) if integral is not None else 0.0
-            e0 = emissions_g(energies[i], ci0)
-            c0 = float(objective_costs(objective, energies[i : i + 1], durations[i : i + 1], np.array([e0]), ref)[0])
-            alternatives.append(alt(i, 0.0, e0, c0, False, why))
-
-    # Baseline: the reference configuration started now.
-    base_ci = float(integral.mean(0.0, ref_c.duration_s)) if integral is not None else 0.0
-    base_em = emissions_g(ref_c.energy_j, base_ci)
-    one = np.array
-    base_cost = float(
-        objective_costs(objective, one([ref_c.energy_j]), one([ref_c.duration_s]), one([base_em]), ref)[0]
+    alternatives = _alternatives(
+        spec, forecast, now, tonight, latest, squeezed, choice, objective, alternatives_per_config
     )
-    base_ok = finish_by_s is None or ref_c.duration_s <= finish_by_s + _EPS
-    baseline = PlanAlternative(
-        config=ref_c.config,
-        start=now,
-        predicted_duration_s=float(ref_c.duration_s),
-        predicted_energy_j=float(ref_c.energy_j),
-        predicted_emissions_g=float(base_em),
-        cost=base_cost,
-        feasible=base_ok,
-        why_not=None if base_ok else "misses finish_by",
+    baseline = _baseline(spec, forecast, now, tonight, objective)
+    why = _why_not_better(spec, chosen, float(choice.em[choice.best]), alternatives, found.shrunk_slots > 0)
+    if why:
+        notes.append(why)
+    em_best = float(choice.em[choice.best])
+    reason = _reason(
+        spec, chosen, start, em_best, baseline.predicted_emissions_g, tonight.ref_c, now, forecast is not None, notes
     )
-
-    reason = _reason(spec, chosen, start, em[best], base_em, ref_c, now, integral is not None, notes)
     return Plan(
         job=spec.name,
         config=chosen.config,
@@ -533,7 +353,7 @@ def plan_job(
         finish_by=spec.finish_by,
         predicted_duration_s=float(chosen.duration_s),
         predicted_energy_j=float(chosen.energy_j),
-        predicted_emissions_g=float(em[best]),
+        predicted_emissions_g=em_best,
         objective=spec.objective,
         region=forecast.region if forecast is not None else spec.region,
         forecast_provider=forecast.provider if forecast is not None else "none",
@@ -546,56 +366,242 @@ def plan_job(
     )
 
 
-def _bs(c: Candidate, spec: JobSpec) -> int:
-    return c.config.batch_size if c.config.batch_size is not None else spec.batch_size
+def _objective_tonight(spec: JobSpec, forecast: Forecast | None) -> tuple[str, list[str]]:
+    """The objective planned with (carbon falls back to energy without a forecast) and the notes saying so."""
+    if forecast is None and parse_objective(spec.objective)[0] == "carbon":
+        return "energy", ["no forecast: starts now, carbon objective planned as energy"]
+    return spec.objective, [] if forecast is not None else ["no forecast: starts now"]
+
+
+def _candidates_tonight(
+    spec: JobSpec, profile: Profile, history: JobHistory | None, now: datetime, early_stop: bool, notes: list[str]
+) -> _Tonight:
+    """Candidates and their predictions; for a job learning its batch size, only tonight's batch size's."""
+    candidates, ref_c, ref = predict_candidates(spec, profile, history)
+    explorer = batch_size_explorer(spec, profile, history)
+    limit_s = (spec.finish_by - now).total_seconds() if spec.finish_by is not None else float("inf")
+    margin_all, reserve_s = deadline_margins(spec, profile, history, candidates, explorer if early_stop else None)
+    if explorer is None:
+        return _Tonight(candidates, ref_c, ref, margin_all, notes)
+    assert history is not None
+    learned_bs = explorer.choose(np.random.default_rng([0, explorer.runs]))  # = choose_batch_size(seed=0)
+    margins = margin_all if margin_all is not None else np.ones(len(candidates))
+
+    def fits(bs: int) -> bool:
+        """Some configuration of this batch size keeps the slowdown bound and, with its deadline margin
+        (and, for an untried size, the time to rerun at the best known size after an early stop), finish_by."""
+        return any(
+            c.within_slowdown and c.duration_s * m + reserve_s.get(bs, 0.0) <= limit_s + _EPS
+            for c, m in zip(candidates, margins, strict=True)
+            if batch_size_of(c.config, spec) == bs
+        )
+
+    runs = len(history.for_job(spec.name))
+    if fits(learned_bs):
+        notes.append(f"batch size {learned_bs} learned across {runs} runs")
+    else:
+        fallback = explorer.best_mean()[0]
+        if not fits(fallback):
+            fallback = batch_size_of(ref_c.config, spec)
+        notes.append(f"batch size {learned_bs} does not fit the slowdown bound or finish_by tonight: {fallback}")
+        learned_bs = fallback
+    keep = [i for i, c in enumerate(candidates) if batch_size_of(c.config, spec) == learned_bs]
+    if keep:
+        candidates = [candidates[i] for i in keep]
+        if margin_all is not None:
+            margin_all = margin_all[keep]
+        extra_s = reserve_s.get(learned_bs, 0.0)
+        if extra_s > 0 and margin_all is not None and np.all(_durations(candidates) > 0):
+            # Reserve the rerun's time after an early-stopped exploratory run: fold it into the margin.
+            margin_all = margin_all + extra_s / _durations(candidates)
+    return _Tonight(candidates, ref_c, ref, margin_all, notes)
+
+
+def _latest_starts(
+    spec: JobSpec, forecast: Forecast | None, now: datetime, tonight: _Tonight
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per candidate the latest start (s after now; < 0: cannot meet finish_by even now) and whether it was left
+    out for want of room for its likely most epochs."""
+    durations, within, n = tonight.durations, tonight.within, len(tonight.candidates)
+    squeezed = np.zeros(n, dtype=bool)
+    if spec.finish_by is not None:
+        finish_by_s = (spec.finish_by - now).total_seconds()
+        latest = finish_by_s - durations
+        margin = tonight.margin
+        if margin is not None:  # plan the latest start for the job's likely most epochs
+            roomy = durations * margin <= finish_by_s + _EPS
+            if np.any(roomy & within):  # configurations without room for them are left out
+                squeezed = (latest >= -_EPS) & ~roomy
+                latest = np.where(roomy, finish_by_s - durations * margin, -1.0)
+            else:  # none has room: start now
+                latest = np.where(latest >= -_EPS, np.maximum(0.0, finish_by_s - durations * margin), latest)
+        return latest, squeezed
+    if forecast is not None:
+        return np.maximum(0.0, (forecast.points[-1].end - now).total_seconds() - durations), squeezed
+    return np.zeros(n), squeezed
+
+
+def _start_search(
+    forecast: Forecast | None,
+    now: datetime,
+    tonight: _Tonight,
+    latest: np.ndarray,
+    intensity_history: Sequence[ForecastPoint] | None,
+) -> StartSearch:
+    """Candidate starts of every configuration: carbonflow's one start search (carbon.windows.search_starts)."""
+    latest_or_none = np.where(latest >= -_EPS, latest, -1.0)
+    if forecast is None:
+        return StartSearch(*_no_forecast_starts(latest_or_none), 0, 0.0)
+    found = search_starts(forecast, tonight.durations, now, latest_or_none, history=intensity_history, hold_edges=True)
+    if found.shrunk_slots:
+        tonight.notes.append("forecast checked against the recent daily profile (robust to lead-time error)")
+    return found
+
+
+def _choose(
+    spec: JobSpec,
+    forecast: Forecast | None,
+    now: datetime,
+    tonight: _Tonight,
+    latest: np.ndarray,
+    found: StartSearch,
+    objective: str,
+    on_infeasible: str,
+) -> _Choice:
+    """Rank every (configuration, start) by feasibility, the objective, then the documented tie-breaks."""
+    durations, energies, within = tonight.durations, tonight.energies, tonight.within
+    if not found.run.size or not np.any(within & (latest >= -_EPS)):
+        fastest = int(np.argmin(durations))
+        need = timedelta(seconds=float(durations[fastest]))
+        msg = (
+            f"finish_by={spec.finish_by.isoformat() if spec.finish_by else None} cannot be met: the fastest "
+            f"configuration ({_fmt_config(tonight.candidates[fastest].config)}) needs {need} from now={now.isoformat()}"
+        )
+        if on_infeasible == "raise":
+            raise DeadlineError(msg)
+        tonight.notes.insert(0, "DEADLINE AT RISK")
+        cfg_idx, start_s = np.array([fastest]), np.array([0.0])
+        mean_ci = score_ci = np.array([_run_now_ci(forecast, now, float(durations[fastest]))])
+        forced = True
+    else:
+        cfg_idx, start_s = found.run, found.start_s
+        mean_ci, score_ci = found.mean_gco2_per_kwh, found.score_gco2_per_kwh
+        forced = False
+    dur, en = durations[cfg_idx], energies[cfg_idx]
+    em = en / J_PER_KWH * mean_ci
+    em_rank = en / J_PER_KWH * score_ci
+    cost = objective_for(objective).cost(en, dur, em_rank, tonight.ref)
+    feasible = within[cfg_idx] | forced
+    key_rank = np.argsort(np.argsort(np.array([c.config.key() for c in tonight.candidates])))
+    # Quantise costs so float noise never decides; then the documented tie-breaks.
+    qcost = np.round(cost / max(float(np.max(np.abs(cost))), 1e-300), 9)
+    em_q = np.round(em_rank / max(float(em_rank.max()), 1e-300), 9)
+    order = np.lexsort((key_rank[cfg_idx], start_s, dur, en, em_q, qcost, ~feasible))
+    return _Choice(cfg_idx, start_s, em, cost, feasible, order)
+
+
+def _alternative(c: Candidate, start: datetime, em_g: float, cost: float, ok: bool, why: str | None) -> PlanAlternative:
+    return PlanAlternative(
+        config=c.config,
+        start=start,
+        predicted_duration_s=float(c.duration_s),
+        predicted_energy_j=float(c.energy_j),
+        predicted_emissions_g=float(em_g),
+        cost=float(cost),
+        feasible=ok,
+        why_not=why,
+    )
+
+
+def _run_now_cost(forecast: Forecast | None, now: datetime, c: Candidate, objective: str, ref: Reference):
+    """(emissions g, cost) of a candidate started now."""
+    em = emissions_g_from(c.energy_j, _run_now_ci(forecast, now, c.duration_s))
+    cost = float(objective_for(objective).cost([c.energy_j], [c.duration_s], [em], ref)[0])
+    return em, cost
+
+
+def _alternatives(
+    spec: JobSpec,
+    forecast: Forecast | None,
+    now: datetime,
+    tonight: _Tonight,
+    latest: np.ndarray,
+    squeezed: np.ndarray,
+    choice: _Choice,
+    objective: str,
+    per_config: int,
+) -> list[PlanAlternative]:
+    """The best few starts of every other configuration, and one entry per configuration that cannot finish."""
+    out: list[PlanAlternative] = []
+    taken: dict[int, int] = {}
+    for j in choice.order.tolist():
+        i = int(choice.cfg_idx[j])
+        if j == choice.best or taken.get(i, 0) >= per_config:
+            continue
+        taken[i] = taken.get(i, 0) + 1
+        c = tonight.candidates[i]
+        ok = bool(choice.feasible[j])
+        why = None if ok else f"slowdown {c.slowdown:+.1%} exceeds max_slowdown {spec.max_slowdown:.0%}"
+        start = now + timedelta(seconds=float(choice.start_s[j]))
+        out.append(_alternative(c, start, choice.em[j], choice.cost[j], ok, why))
+    for i, c in enumerate(tonight.candidates):
+        if latest[i] >= -_EPS:
+            continue
+        finish = now + timedelta(seconds=float(c.duration_s))
+        why = f"finishes {finish.isoformat(timespec='minutes')} after finish_by even if started now"
+        if squeezed[i]:
+            why = "no room before finish_by for the most epochs it is likely to need (see deadline_epochs)"
+        em, cost = _run_now_cost(forecast, now, c, objective, tonight.ref)
+        out.append(_alternative(c, now, em, cost, False, why))
+    return out
+
+
+def _baseline(
+    spec: JobSpec, forecast: Forecast | None, now: datetime, tonight: _Tonight, objective: str
+) -> PlanAlternative:
+    """The reference configuration started now: what "saving" is measured against."""
+    ref_c = tonight.ref_c
+    em, cost = _run_now_cost(forecast, now, ref_c, objective, tonight.ref)
+    ok = spec.finish_by is None or ref_c.duration_s <= (spec.finish_by - now).total_seconds() + _EPS
+    return _alternative(ref_c, now, em, cost, ok, None if ok else "misses finish_by")
+
+
+def _run_now_ci(forecast: Forecast | None, now: datetime, duration_s: float) -> float:
+    """The forecast's mean intensity over a run started now (edges held; 0 without a forecast)."""
+    if forecast is None:
+        return 0.0
+    return float(search_starts(forecast, [duration_s], now, [0.0], hold_edges=True).mean_gco2_per_kwh[0])
+
+
+def _no_forecast_starts(latest: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Without a forecast every configuration that can still finish starts now, at intensity 0."""
+    run = np.flatnonzero(latest >= -_EPS)
+    zero = np.zeros(run.size)
+    return run, zero, zero, zero
 
 
 def _durations(candidates: Sequence[Candidate]) -> np.ndarray:
     return np.array([c.duration_s for c in candidates], dtype=float)
 
 
-def _deadline_factors(
-    spec: JobSpec,
-    profile: Profile,
-    history: JobHistory | None,
-    candidates: Sequence[Candidate],
-    explorer: BatchSizeExplorer | None,
-) -> tuple[np.ndarray | None, dict[int, float]]:
-    """Deadline margins of a job trained to a target (None when it is not), and time to reserve per batch size.
-
-    Per candidate: the epochs its deadline is planned for (:func:`deadline_epochs`, at most the explorer's
-    early-stop threshold in epochs) over its expected epochs, >= 1. Per untried batch size: the time to rerun
-    at the best known batch size (its fastest configuration, for its deadline epochs) after an early stop.
-    """
-    if spec.target_metric is None or spec.epochs is None or history is None or not profile.samples_per_epoch:
-        return None, {}
-    out = np.ones(len(candidates))
-    expected_by_bs: dict[int | None, float] = {}
-    for i, c in enumerate(candidates):
-        bs = c.config.batch_size
-        if bs not in expected_by_bs:
-            expected_by_bs[bs] = c.duration_s * c.point.throughput_samples_per_s / profile.samples_per_epoch
-        expected = expected_by_bs[bs]
-        most = deadline_epochs(spec, history, bs)
-        if explorer is not None and _bs(c, spec) in explorer.arms and expected > 0:
-            stop_j = explorer.stop_threshold(_bs(c, spec))
-            if np.isfinite(stop_j) and c.energy_j > 0:
-                most = min(most if most is not None else float("inf"), stop_j / (c.energy_j / expected))
-        if most is not None and expected > 0:
-            out[i] = max(1.0, most / expected)
-    reserve: dict[int, float] = {}
-    if explorer is not None:
-        best, best_cost = explorer.best_mean()
-        if np.isfinite(best_cost):
-            rerun = [
-                c.duration_s * m
-                for c, m in zip(candidates, out, strict=True)
-                if _bs(c, spec) == best and c.within_slowdown
-            ]
-            for b, arm in explorer.arms.items():
-                if not arm.costs and b != best:
-                    reserve[b] = min(rerun, default=0.0)
-    return out, reserve
+def _why_not_better(
+    spec: JobSpec, chosen: Candidate, em: float, alternatives: Sequence[PlanAlternative], robust: bool
+) -> str | None:
+    """Why a listed alternative that uses less energy *and* less carbon was not chosen (None: there is none)."""
+    better = [
+        a
+        for a in alternatives
+        if a.predicted_energy_j < chosen.energy_j * (1 - 1e-6) and a.predicted_emissions_g < em * (1 - 1e-6)
+    ]
+    if not better:
+        return None
+    a = min(better, key=lambda x: (x.predicted_emissions_g, x.predicted_energy_j))
+    what = f"{_fmt_w(a.config)} would use less energy and carbon"
+    if not a.feasible:
+        return f"{what} but {a.why_not}"
+    if parse_objective(spec.objective)[0] == "carbon" and robust:
+        return f"{what} by the raw forecast, but the recent actuals make its window less likely to be low"
+    return f"{what} but costs more under the objective {spec.objective}, which also weighs time"
 
 
 def _reason(
@@ -612,10 +618,10 @@ def _reason(
     when = "start now" if start == now else f"start {_hm(start)} UTC"
     head = f"{_fmt_config(chosen.config)}, {when}"
     if have_forecast:
-        vs = f"{_signed(_pct(em, base_em))} carbon"
+        vs = saving_phrase(saving_fraction(em, base_em), spec.objective, default=_fmt_w(ref.config))
     else:
-        vs = f"{_signed(_pct(chosen.energy_j, ref.energy_j))} energy"
-    vs += f" vs start now at {_fmt_w(ref.config)}"
+        fraction = saving_fraction(chosen.energy_j, ref.energy_j)
+        vs = saving_phrase(fraction, spec.objective, of="energy", default=_fmt_w(ref.config))
     slow = chosen.slowdown
     speed = f"{abs(slow) * 100:.0f} % {'slower' if slow > 0 else 'faster'}" if abs(slow) >= 0.005 else "same speed"
     finish = start + timedelta(seconds=chosen.duration_s)
@@ -658,9 +664,9 @@ def choose_power_limit(
         int(np.argmax(pls)) if default_power_limit_w is None else int(np.argmin(np.abs(pls - default_power_limit_w)))
     )
     ref = Reference(energy_j=float(e[ref_i]), time_s=float(t[ref_i]), max_power_w=float(max_power_w or pls.max()))
-    obj = "energy" if parse_objective(objective)[0] == "carbon" else objective
-    cost = objective_costs(obj, e, t, e, ref)
-    ok = np.ones(len(pls), dtype=bool) if max_slowdown is None else t <= ref.time_s * (1 + max_slowdown) * (1 + _EPS)
+    obj = objective_for("energy" if parse_objective(objective)[0] == "carbon" else objective)
+    cost = obj.cost(e, t, e, ref)
+    ok = SlowdownConstraint(max_slowdown).allowed(t, ref)
     scale = max(float(np.max(np.abs(cost))), 1e-300)
     order = np.lexsort((-pls, np.round(cost / scale, 12), ~ok))
     return float(pls[int(order[0])])
@@ -681,5 +687,12 @@ def pareto_alternatives(plan: Plan) -> list[PlanAlternative]:
         feasible=True,
     )
     options = [chosen, *(a for a in plan.alternatives if a.feasible)]
-    keep = pareto_front([(a.predicted_duration_s, a.predicted_energy_j, a.predicted_emissions_g) for a in options])
+    # Values equal to 9 significant digits are one option (float noise of summing one window two ways never
+    # dominates): the first of them (the choice comes first) stands for all.
+    rounded: dict[tuple[float, ...], PlanAlternative] = {}
+    for a in options:
+        key = tuple(float(f"{v:.9g}") for v in (a.predicted_duration_s, a.predicted_energy_j, a.predicted_emissions_g))
+        rounded.setdefault(key, a)
+    options = list(rounded.values())
+    keep = pareto_front(list(rounded))
     return sorted((options[i] for i in keep), key=lambda a: (a.predicted_emissions_g, a.predicted_energy_j))

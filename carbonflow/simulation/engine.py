@@ -33,9 +33,10 @@ import numpy as np
 
 from carbonflow.simulation.devices import DeviceModel
 from carbonflow.simulation.families import Families
-from carbonflow.simulation.grid import J_PER_KWH, CarbonGrid
+from carbonflow.simulation.grid import CarbonGrid
 from carbonflow.simulation.interference import PairTable
 from carbonflow.simulation.trace import JobTrace
+from carbonflow.units import J_PER_KWH
 
 _FINISH = 0
 _RELEASE = 1

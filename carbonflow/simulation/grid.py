@@ -16,8 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from carbonflow.models import Forecast, ForecastPoint, SignalKind
-
-J_PER_KWH = 3.6e6
+from carbonflow.units import J_PER_KWH
 
 
 class GridError(ValueError):

@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from carbonflow.simulation.engine import SimResult
-from carbonflow.simulation.grid import J_PER_KWH, CarbonGrid
+from carbonflow.simulation.grid import CarbonGrid
+from carbonflow.units import J_PER_KWH
 
 
 @dataclass(frozen=True)

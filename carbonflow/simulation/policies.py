@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from carbonflow.carbon.windows import choose_start
+from carbonflow.carbon.windows import choose_start, search_starts
 from carbonflow.planning import (
     CapacityLedger,
     ClusterLoad,
@@ -46,7 +46,6 @@ from carbonflow.planning import (
     predict_pair_slowdown,
 )
 from carbonflow.planning.capacity import (
-    choose_start_with_delay_cost,
     deferral_budget_s,
     partner_slowdown_bound,
     power_limit_under_load,
@@ -54,6 +53,7 @@ from carbonflow.planning.capacity import (
     waiting_slowdown_bound,
 )
 from carbonflow.simulation.engine import SimContext
+from carbonflow.units import J_PER_KWH
 
 FORECAST_HORIZON_S = 48 * 3600.0
 
@@ -251,16 +251,21 @@ class PlannerPolicy(FifoPolicy):
             return now_s
         busy = self.ctx.cluster.gpus - self.ctx.free_gpus()
         ledger = self.ledger
-        integral = self.ctx.grid.integral
-        watts = g * self.ctx.devices.solo(t, self.default_limit_w)[0]
-        start = choose_start_with_delay_cost(
-            lambda s: watts * integral(s, s + run_s) / 3.6e6,
-            now_s,
-            latest,
-            step,
-            self.delay_cost_g_per_s,
-            fits=lambda s: busy + ledger.peak_gpus(s, s + run_s) + g <= ledger.total_gpus,
+        grid = self.ctx.grid
+        kwh = g * self.ctx.devices.solo(t, self.default_limit_w)[0] * run_s / J_PER_KWH
+        found = search_starts(
+            grid.forecast(now_s, latest - now_s + run_s + grid.step_s),
+            [run_s],
+            grid.to_datetime(now_s),
+            [latest - now_s],
+            step_s=step,
+            delay_cost_per_s=self.delay_cost_g_per_s / max(kwh, 1e-12),
         )
+        # the cheapest start with spare capacity then (deferring into congestion only queues); now always fits
+        k = found.first_that(
+            lambda off: off == 0.0 or busy + ledger.peak_gpus(now_s + off, now_s + off + run_s) + g <= ledger.total_gpus
+        )
+        start = now_s if k is None else now_s + float(found.start_s[k])
         if start > now_s:
             self.booked[job] = (start, start + run_s, g)
             ledger.add(start, start + run_s, g)

@@ -280,9 +280,9 @@ class RealisedVsPredicted:
         """Realised / predicted emissions."""
         return self.emissions_g / self.predicted_emissions_g if self.predicted_emissions_g > 0 else None
 
-    def to_planning_record(self):  # -> carbonflow.planning.learning.RunRecord
-        """The planner's :class:`carbonflow.planning.learning.RunRecord` of this run."""
-        from carbonflow.planning.learning import RunRecord as PlanningRecord
+    def to_planning_record(self):  # -> carbonflow.planning.learning.RealisedRun
+        """The planner's :class:`carbonflow.planning.learning.RealisedRun` of this run."""
+        from carbonflow.planning.learning import RealisedRun as PlanningRecord
 
         return PlanningRecord(
             job=self.job,

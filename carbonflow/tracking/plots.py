@@ -18,18 +18,6 @@ def _figure(width_in: float, height_in: float) -> Figure:
     return Figure(figsize=(width_in, height_in), dpi=100, layout="constrained")
 
 
-def pareto_front(points: list[tuple[float, float]]) -> list[int]:
-    """Indices of the points not dominated in (time, energy), both minimised, sorted by time."""
-    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1]))
-    front: list[int] = []
-    best_energy = float("inf")
-    for i in order:
-        if points[i][1] < best_energy:
-            front.append(i)
-            best_energy = points[i][1]
-    return front
-
-
 def pareto_plot(path: Path, *, plan: Plan | None = None, profile: Profile | None = None, title: str = "") -> Path:
     """Energy vs time of the profiled configurations, coloured by carbon, the chosen one ringed.
 
@@ -72,7 +60,10 @@ def pareto_plot(path: Path, *, plan: Plan | None = None, profile: Profile | None
     ax = fig.add_subplot()
     scatter = ax.scatter(xs, ys, c=colours, cmap="viridis_r", s=60, edgecolors="black", linewidths=0.5)
     fig.colorbar(scatter, ax=ax, label=c_label)
-    front = pareto_front(list(zip(xs, ys, strict=True)))
+    from carbonflow.planning.costs import pareto_front  # the planner's one Pareto front (lazy: it is heavy)
+
+    points = list(zip(xs, ys, strict=True))
+    front = sorted(pareto_front(points), key=lambda i: points[i])  # by time
     ax.plot(
         [xs[i] for i in front],
         [ys[i] for i in front],

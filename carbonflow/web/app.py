@@ -59,6 +59,8 @@ def _badges(row: RunRow) -> str:
 
 
 def _runs_table(runs: list[RunRow]) -> str:
+    from carbonflow.planning.saving import format_saving  # the one saving figure (lazy: the planner is heavy)
+
     head = (
         "<tr><th>job</th><th>started (UTC)</th><th>config</th><th>duration s</th><th>energy kWh</th>"
         "<th>emissions gCO2e</th><th>intensity g/kWh</th><th>test accuracy</th><th>saving g</th>"
@@ -69,14 +71,13 @@ def _runs_table(runs: list[RunRow]) -> str:
         return f'<table id="runs-table">{head}{empty}</table>'
     rows = []
     for r in runs:
-        saving_pct = None if r.saving_fraction is None else 100 * r.saving_fraction
         rows.append(
             f'<tr class="run-row" data-run-id="{escape(r.run_id)}"><td>{escape(r.job)}</td>'
             f'<td>{r.started_at:%Y-%m-%d %H:%M}</td><td class="text">{escape(r.config_key)}</td>'
             f"<td>{_fmt(r.duration_s, '.1f')}</td><td>{_fmt(r.energy_total_kwh, '.4g')}</td>"
             f"<td>{_fmt(r.emissions_g, '.4g')}</td><td>{_fmt(r.intensity_gco2_per_kwh, '.0f')}</td>"
             f"<td>{_fmt(r.test_accuracy, '.3f')}</td><td>{_fmt(r.saving_g, '.3g')}</td>"
-            f'<td>{_fmt(saving_pct, ".1f", " %")}</td><td class="text">{_badges(r)}</td>'
+            f'<td>{format_saving(r.saving_fraction)}</td><td class="text">{_badges(r)}</td>'
             f'<td class="text"><code>{escape(r.run_id[:8])}</code></td></tr>'
         )
     return f'<table id="runs-table">{head}{"".join(rows)}</table>'

@@ -7,7 +7,6 @@ import pytest
 from carbonflow.planning import (
     CapacityLedger,
     ClusterLoad,
-    choose_start_with_delay_cost,
     deferral_budget_s,
     partner_slowdown_bound,
     power_limit_under_load,
@@ -71,25 +70,6 @@ def test_ledger_books_and_releases_capacity() -> None:
     assert ledger.peak_gpus(86400.0 - 1, 4 * 86400.0) == 2
     with pytest.raises(ValueError, match="total_gpus=0"):
         CapacityLedger(total_gpus=0)
-
-
-def test_start_with_delay_cost_trades_carbon_for_delay_and_skips_full_slots() -> None:
-    # emissions fall by 10 g per hour of delay for 3 h, then rise again
-    def emissions_g(start_s: float) -> float:
-        h = start_s / 3600.0
-        return 100.0 - 10.0 * min(h, 3.0) + 10.0 * max(h - 3.0, 0.0)
-
-    assert choose_start_with_delay_cost(emissions_g, 0.0, 6 * 3600.0, 3600.0, 0.0) == 3 * 3600.0
-    # a delay cost above the carbon gained per second keeps the start
-    assert choose_start_with_delay_cost(emissions_g, 0.0, 6 * 3600.0, 3600.0, 20.0 / 3600.0) == 0.0
-    # the best hour has no spare capacity: the next best that fits
-    assert choose_start_with_delay_cost(emissions_g, 0.0, 6 * 3600.0, 3600.0, 0.0, fits=lambda s: s < 3 * 3600.0) == (
-        2 * 3600.0
-    )
-    # no room to move
-    assert choose_start_with_delay_cost(emissions_g, 0.0, 0.0, 3600.0, 0.0) == 0.0
-    with pytest.raises(ValueError, match="step_s=0"):
-        choose_start_with_delay_cost(emissions_g, 0.0, 3600.0, 0.0, 0.0)
 
 
 def test_a_price_on_time_caps_many_gpu_jobs_harder_and_nobody_while_others_wait() -> None:

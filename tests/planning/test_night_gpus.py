@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from planning_factories import NOW, make_forecast
 
-from carbonflow.models import Config, Plan
-from carbonflow.planning.costs import IntensityIntegral
+from carbonflow.models import Config, Forecast, Plan
 from carbonflow.planning.night_gpus import fit_plans_to_gpus, gpu_groups
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "night_scale.py"
@@ -31,8 +30,8 @@ def _plan(job: str, start_h: float, hours: float, finish_h: float = 12.0, with_:
 INTENSITY = [300, 280, 250, 220, 100, 220, 250, 240, 150, 260, 300, 320, 330, 330]
 
 
-def _intensity() -> IntensityIntegral:
-    return IntensityIntegral(make_forecast(INTENSITY, slot_s=3600), NOW)
+def _intensity() -> Forecast:
+    return make_forecast(INTENSITY, slot_s=3600)
 
 
 def test_groups_that_fit_keep_their_carbon_start():

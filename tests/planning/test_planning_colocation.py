@@ -103,17 +103,17 @@ def test_observed_slowdown_validates():
 
 
 def test_a_colocated_pair_trained_to_target_plans_finish_by_for_its_most_epochs():
-    from carbonflow.planning import JobHistory, RunRecord
-    from carbonflow.planning.optimizer import DEADLINE_EPOCH_MARGIN
+    from carbonflow.planning import JobHistory, RealisedRun
+    from carbonflow.planning.batch_size import DEADLINE_EPOCH_MARGIN
 
     # 500 s per epoch; 2, 2, 3 epochs to target seen: expected 7/3, planned for 1.5 x 3 = 4.5 epochs.
     records = [
-        RunRecord(
+        RealisedRun(
             job=job,
             config_key="c1-pl250",
             finished_at=NOW - timedelta(days=d),
-            predicted_duration_s=1.0,
-            realised_duration_s=1.0,
+            predicted_duration_s=0.0,  # not recorded: the fit skips it
+            realised_duration_s=0.0,
             predicted_energy_j=1.0,
             realised_energy_j=1.0,
             batch_size=64,
@@ -135,15 +135,15 @@ def test_a_colocated_pair_trained_to_target_plans_finish_by_for_its_most_epochs(
 
 
 def test_a_job_trying_an_untried_batch_size_tonight_is_not_colocated():
-    from carbonflow.planning import JobHistory, RunRecord
+    from carbonflow.planning import JobHistory, RealisedRun
 
     records = [
-        RunRecord(
+        RealisedRun(
             job=job,
             config_key="c1-pl250-b64",
             finished_at=NOW - timedelta(days=d),
-            predicted_duration_s=1.0,
-            realised_duration_s=1.0,
+            predicted_duration_s=0.0,  # not recorded: the fit skips it
+            realised_duration_s=0.0,
             predicted_energy_j=1.2e6,
             realised_energy_j=1.2e6,
             batch_size=64,

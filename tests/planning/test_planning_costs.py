@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from planning_factories import NOW, make_forecast
 
+from carbonflow.carbon.windows import held_window_means, mean_intensity_gco2_per_kwh
 from carbonflow.planning.costs import (
-    IntensityIntegral,
     Reference,
     carbon_g,
     edp,
@@ -17,7 +17,6 @@ from carbonflow.planning.costs import (
     energy_gain_minus_time_loss_pct,
     objective_cost,
     pareto_front,
-    shrink_forecast,
     zeus_cost,
 )
 
@@ -53,42 +52,26 @@ def test_objective_cost_dispatch():
         objective_cost("fast", **kw)
 
 
-def test_carbon_integral_is_exact_over_partial_slots_and_holds_the_last_value():
+def test_carbon_window_mean_is_exact_over_partial_slots_and_holds_the_edges():
     forecast = make_forecast([100.0, 300.0])  # 18:00-18:30 at 100, 18:30-19:00 at 300
     # 15 min at 100 + 30 min at 300 = (15*100 + 30*300)/45
-    integral = IntensityIntegral(forecast, NOW)
-    assert float(integral.mean(900.0, 2700.0)) == pytest.approx((15 * 100 + 30 * 300) / 45)
-    assert float(integral.mean(3600.0, 3600.0)) == pytest.approx(300.0)  # persistence after the horizon
-    assert integral.beyond_horizon(3601.0) and not integral.beyond_horizon(3600.0)
-    assert float(integral.mean(-600.0, 0.0)) == pytest.approx(100.0)  # before the first slot: the first value
+    assert float(held_window_means(forecast, NOW, 900.0, 2700.0)[0]) == pytest.approx((15 * 100 + 30 * 300) / 45)
+    assert float(held_window_means(forecast, NOW, 3600.0, 3600.0)[0]) == pytest.approx(300.0)  # last value held
+    assert float(held_window_means(forecast, NOW, -600.0, 0.0)[0]) == pytest.approx(100.0)  # first value held
     # 1 kW for 1 h at a mean of 200 g/kWh over 18:00-19:00 = 200 g
     assert carbon_g(1000.0, NOW, 3600.0, forecast) == pytest.approx(200.0)
 
 
-def test_integral_matches_the_carbon_windows_helper():
-    from carbonflow.carbon import windows
-
+def test_held_means_match_the_exact_mean_inside_the_forecast():
     values = [float(v) for v in np.linspace(50, 400, 48)]
     forecast = make_forecast(values)
-    integral = IntensityIntegral(forecast, NOW)
     for start_min, dur_min in [(0, 60), (45, 200), (300, 777)]:
         start = NOW + timedelta(minutes=start_min)
-        theirs = windows.mean_intensity_gco2_per_kwh(forecast.points, start, start + timedelta(minutes=dur_min))
-        assert float(integral.mean(start_min * 60.0, dur_min * 60.0)) == pytest.approx(theirs, rel=1e-9)
+        exact = mean_intensity_gco2_per_kwh(forecast.points, start, start + timedelta(minutes=dur_min))
+        assert float(held_window_means(forecast, NOW, start_min * 60.0, dur_min * 60.0)[0]) == pytest.approx(exact)
 
 
 def test_pareto_front_keeps_only_non_dominated_points():
     pts = [(1.0, 5.0, 5.0), (2.0, 4.0, 4.0), (2.0, 5.0, 5.0), (3.0, 3.0, 6.0), (1.0, 5.0, 5.0)]
     assert pareto_front(pts) == [0, 1, 3, 4]
     assert pareto_front([]) == []
-
-
-def test_shrink_forecast_pulls_noisy_values_toward_the_mean():
-    forecast = make_forecast([100.0, 300.0] * 24)
-    assert shrink_forecast(forecast, NOW) is forecast  # no error model: unchanged
-    noisy = forecast.model_copy(update={"error_mae_by_lead_h": {6.0: 40.0, 48.0: 200.0}})
-    shrunk = shrink_forecast(noisy, NOW)
-    first, late = shrunk.points[0].gco2_per_kwh, shrunk.points[-2].gco2_per_kwh
-    assert 100.0 < first < 200.0  # sigma 50 vs spread 100: k = 0.75
-    assert first == pytest.approx(200 - 0.75 * 100, rel=0.01)
-    assert late == pytest.approx(200.0)  # error larger than the spread: k = 0

@@ -7,14 +7,14 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from carbonflow.planning import BatchSizeExplorer, JobHistory, RunRecord
-from carbonflow.planning.learning import exploration_pays_off
+from carbonflow.planning import BatchSizeExplorer, JobHistory, RealisedRun
+from carbonflow.planning.batch_size import exploration_pays_off
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
 
-def rec(day: int, ratio: float, key: str = "c1-pl200", job: str = "j", **kw) -> RunRecord:
-    return RunRecord(
+def rec(day: int, ratio: float, key: str = "c1-pl200", job: str = "j", **kw) -> RealisedRun:
+    return RealisedRun(
         job=job,
         config_key=key,
         finished_at=T0 + timedelta(days=day),
@@ -42,9 +42,9 @@ def test_unseen_config_gets_the_job_wide_ratio_shrunk_toward_one():
 
 def test_record_validation_and_history_queries():
     with pytest.raises(ValueError, match="finished_at"):
-        RunRecord("j", "k", datetime(2024, 1, 1), 1, 1, 1, 1)
+        RealisedRun("j", "k", datetime(2024, 1, 1), 1, 1, 1, 1)
     with pytest.raises(ValueError, match="realised_energy_j"):
-        RunRecord("j", "k", T0, 1, 1, 1, -1)
+        RealisedRun("j", "k", T0, 1, 1, 1, -1)
     history = JobHistory(
         [
             rec(1, 1.0, batch_size=64, epochs=10, reached_target=True),

@@ -4,22 +4,23 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planning_factories import NOW, make_forecast, make_profile, make_spec
 
+from carbonflow.carbon.windows import held_window_means
 from carbonflow.models import Config, JobSpec
 from carbonflow.planning import (
     DeadlineError,
     JobHistory,
-    RunRecord,
+    RealisedRun,
     choose_power_limit,
     plan_job,
     predict_candidates,
     work_samples,
 )
-from carbonflow.planning.costs import IntensityIntegral
 
 
 def _energy_optimal(spec, profile):
@@ -186,8 +187,7 @@ def test_plan_never_misses_finish_by_nor_breaks_the_slowdown_bound(
     assert plan.start + timedelta(seconds=plan.predicted_duration_s) <= spec.finish_by + timedelta(milliseconds=5)
     assert plan.predicted_duration_s <= ref.duration_s * (1 + max_slowdown) * (1 + 1e-6)
     # The emissions it reports are the integral of the forecast over its window.
-    integral = IntensityIntegral(forecast, NOW)
-    mean = float(integral.mean((plan.start - NOW).total_seconds(), plan.predicted_duration_s))
+    mean = float(held_window_means(forecast, NOW, (plan.start - NOW).total_seconds(), plan.predicted_duration_s)[0])
     assert plan.predicted_emissions_g == pytest.approx(plan.predicted_energy_j / 3.6e6 * mean, rel=1e-6, abs=1e-9)
     # No feasible alternative beats it on the objective.
     costs = [a.cost for a in plan.alternatives if a.feasible]
@@ -204,23 +204,22 @@ def test_carbon_plan_is_no_worse_than_any_start_on_a_fine_grid(values, hours):
     spec = make_spec(hours=hours, epochs=2)
     forecast = make_forecast(values)
     plan = plan_job(spec, profile, forecast, NOW)
-    integral = IntensityIntegral(forecast, NOW)
     latest = hours * 3600 - plan.predicted_duration_s
-    offsets = [i * 300.0 for i in range(int(latest // 300) + 1)]
-    brute = min(float(integral.mean(o, plan.predicted_duration_s)) for o in offsets)
-    chosen = float(integral.mean((plan.start - NOW).total_seconds(), plan.predicted_duration_s))
+    offsets = np.array([i * 300.0 for i in range(int(latest // 300) + 1)])
+    brute = float(held_window_means(forecast, NOW, offsets, plan.predicted_duration_s).min())
+    chosen = float(held_window_means(forecast, NOW, (plan.start - NOW).total_seconds(), plan.predicted_duration_s)[0])
     assert chosen <= brute * (1 + 1e-9) + 1e-9
 
 
 def test_history_correction_changes_the_prediction():
-    from carbonflow.planning import JobHistory, RunRecord
+    from carbonflow.planning import JobHistory, RealisedRun
 
     spec = make_spec()
     profile = make_profile()
     plan = plan_job(spec, profile, make_forecast([200.0] * 96), NOW)
     history = JobHistory(
         [
-            RunRecord(
+            RealisedRun(
                 job=spec.name,
                 config_key=plan.config.key(),
                 finished_at=NOW - timedelta(days=d),
@@ -239,7 +238,7 @@ def test_history_correction_changes_the_prediction():
 
 
 def test_batch_size_is_learned_across_recurrences_from_history():
-    from carbonflow.planning import JobHistory, RunRecord, choose_batch_size
+    from carbonflow.planning import JobHistory, RealisedRun, choose_batch_size
 
     profile = make_profile(batch_sizes=(64, 256), bs_speed={64: 1.0, 256: 3.0})
     spec = make_spec(batch_size=64, batch_sizes=[64, 256], target_metric="accuracy", target_value=0.9, max_slowdown=1)
@@ -248,13 +247,13 @@ def test_batch_size_is_learned_across_recurrences_from_history():
     assert choose_batch_size(spec, profile, empty) == 64
     assert plan_job(spec, profile, make_forecast([200.0] * 96), NOW, empty).config.batch_size == 64
 
-    def run(day: int, bs: int, energy: float, epochs: float) -> RunRecord:
-        return RunRecord(
+    def run(day: int, bs: int, energy: float, epochs: float) -> RealisedRun:
+        return RealisedRun(
             job=spec.name,
             config_key=f"c1-pl250-b{bs}",
             finished_at=NOW - timedelta(days=day),
-            predicted_duration_s=1.0,
-            realised_duration_s=1.0,
+            predicted_duration_s=0.0,  # not recorded: the fit skips it
+            realised_duration_s=0.0,
             predicted_energy_j=energy,
             realised_energy_j=energy,
             batch_size=bs,
@@ -295,13 +294,13 @@ def test_pareto_alternatives_are_non_dominated_and_include_the_choice():
     assert len(front) >= 2  # faster two-container runs trade carbon for time
 
 
-def _target_run(spec_name: str, day: int, bs: int, epochs: float, energy_j: float = 1e6) -> RunRecord:
-    return RunRecord(
+def _target_run(spec_name: str, day: int, bs: int, epochs: float, energy_j: float = 1e6) -> RealisedRun:
+    return RealisedRun(
         job=spec_name,
         config_key=f"c1-pl250-b{bs}",
         finished_at=NOW - timedelta(days=day),
-        predicted_duration_s=1.0,
-        realised_duration_s=1.0,
+        predicted_duration_s=0.0,  # not recorded: the fit skips it
+        realised_duration_s=0.0,
         predicted_energy_j=energy_j,
         realised_energy_j=energy_j,
         batch_size=bs,
@@ -311,7 +310,7 @@ def _target_run(spec_name: str, day: int, bs: int, epochs: float, energy_j: floa
 
 
 def test_target_trained_job_plans_its_deadline_for_its_most_epochs_not_the_mean():
-    from carbonflow.planning.optimizer import DEADLINE_EPOCH_MARGIN, deadline_epochs
+    from carbonflow.planning.batch_size import DEADLINE_EPOCH_MARGIN, deadline_epochs
 
     # 500 s per epoch at 250 W; a forecast that is low only in the last half hour pulls the start late.
     profile = make_profile(batch_sizes=(64,))
