@@ -9,4 +9,4 @@ FROM debian:bookworm-slim
 COPY --from=build /out/bin/zeusd /usr/local/bin/zeusd
 ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=utility
 ENTRYPOINT ["zeusd"]
-CMD ["serve", "--socket-path", "/var/run/zeusd/zeusd.sock", "--socket-permissions", "666"]
+CMD ["serve", "--socket-path", "/var/run/zeusd/zeusd.sock", "--socket-permissions", "660"]
