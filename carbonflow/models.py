@@ -124,6 +124,12 @@ class JobSpec(_Model):
     power_limits_w: list[float] | None = Field(default=None, description="candidate power limits to profile")
     profile_steps: int = Field(default=30, gt=0, description="measured steps per profiled configuration")
     profile_warmup_steps: int = Field(default=5, ge=0)
+    profile_min_window_s: float = Field(
+        default=2.0, ge=0, le=600, description="each profiled configuration is measured over at least this long"
+    )
+    profile_report_timeout_s: float = Field(
+        default=300.0, gt=0, description="profiling stops a training that reports no progress for this long"
+    )
     profile_max_age_s: float = Field(default=7 * 24 * 3600, gt=0, description="reuse a profile younger than this")
     code_version: str = "1"
     env: dict[str, str] = Field(default_factory=dict)

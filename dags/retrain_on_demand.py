@@ -23,7 +23,12 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     catchup=False,
     params={
-        "job": Param("digits-cnn", type="string", enum=sorted(JOBS_BY_NAME), description="which recurring job"),
+        "job": Param(
+            "digits-cnn",
+            type="string",
+            enum=sorted(JOBS_BY_NAME),
+            description="which registered job (or give job_spec)",
+        ),
         "region": Param(
             "GB",
             type="string",
@@ -46,12 +51,16 @@ with DAG(
             None, type=["null", "number"], exclusiveMinimum=0, description="fix the GPU power limit"
         ),
         "epochs": Param(None, type=["null", "integer"], minimum=1, description="override the work, in epochs"),
+        "steps": Param(None, type=["null", "integer"], minimum=1, description="override the work, in steps"),
+        "job_spec": Param(
+            None, type=["null", "object"], description="a whole JobSpec to run instead of a registered job"
+        ),
         "backend": Param("local", type="string", enum=["local", "kubernetes"], description="where to train"),
     },
     tags=["carbonflow", "on-demand"],
 ) as dag:
     validate = ValidateJobsOperator(task_id="validate", jobs=list(JOBS_BY_NAME.values()), only_param="job")
-    job_json = "{{ ti.xcom_pull(task_ids='validate', key=params.job) }}"
+    job_json = "{{ ti.xcom_pull(task_ids='validate', key='requested') }}"
     profile = EnergyProfileOperator(task_id="profile", job=job_json, backend="{{ params.backend }}", pool=GPU_POOL)
     train = CarbonAwareTrainingOperator(
         task_id="train", job=job_json, profile_task_id="profile", backend="{{ params.backend }}", pool=GPU_POOL

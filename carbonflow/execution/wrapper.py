@@ -132,9 +132,15 @@ class _Sweep:
     """
 
     def __init__(
-        self, limits_w: list[float | None], warmup_steps: int, profile_steps: int, slowest_fraction: float | None
+        self,
+        limits_w: list[float | None],
+        warmup_steps: int,
+        profile_steps: int,
+        slowest_fraction: float | None,
+        min_window_s: float = 0.0,
     ) -> None:
         self.limits_w = limits_w
+        self.min_window_s = min_window_s
         self.warmup_steps = warmup_steps
         self.profile_steps = profile_steps
         self.slowest_fraction = slowest_fraction
@@ -152,11 +158,14 @@ class _Sweep:
         """The first phase also warms the process up (allocator, caches, data loader): three times longer."""
         return 3 * self.warmup_steps if self.index == 0 else self.warmup_steps
 
-    def total_steps(self) -> int:
+    def total_steps(self) -> int | None:
         """A safety cap for the training; the wrapper normally ends the sweep with the stop file first.
 
-        Each phase may overrun its marks by the steps that pass between two polls, hence the slack.
+        Each phase may overrun its marks by the steps that pass between two polls, hence the slack. With a
+        minimum measured wall time the steps a window needs are unknown: no cap (the stop file ends it).
         """
+        if self.min_window_s > 0:
+            return None
         return len(self.limits_w) * (self.warmup_steps + self.profile_steps + 10) + 2 * self.warmup_steps
 
 
@@ -168,6 +177,7 @@ def training_env(
     max_steps: int | None,
     slowdown_file: Path | None,
     config: Config | None = None,
+    profile: bool | None = None,
 ) -> dict[str, str]:
     """The training child's environment: the job's own variables, then carbonflow's (which win).
 
@@ -176,7 +186,8 @@ def training_env(
     """
     env = dict(os.environ)
     env.update(spec.env)
-    env.update(work_env(spec, config or Config(), "profile" if max_steps is not None else "train"))
+    in_profile = profile if profile is not None else max_steps is not None
+    env.update(work_env(spec, config or Config(), "profile" if in_profile else "train"))
     env[PROGRESS_FILE_ENV] = str(progress_file)
     env[OUTPUT_DIR_ENV] = str(output_dir)
     env[STOP_FILE_ENV] = str(stop_file)
@@ -287,10 +298,10 @@ def _run_on(
     sweep: _Sweep | None = None
     if profile_steps is not None:
         limits: list[float | None] = list(sweep_limits_w) if sweep_limits_w else [plan.config.power_limit_w]
-        sweep = _Sweep(limits, warmup_steps, profile_steps, stop_below_fraction)
+        sweep = _Sweep(limits, warmup_steps, profile_steps, stop_below_fraction, spec.profile_min_window_s)
     env = training_env(
         spec, progress.path, out_dir, stop_file, sweep.total_steps() if sweep is not None else None, slowdown_file,
-        plan.config,
+        plan.config, profile=sweep is not None,
     )  # fmt: skip
     env = pinned_env(env, gpus)
     command = [word.replace("{output_dir}", str(out_dir)) for word in command]
@@ -335,6 +346,14 @@ def _run_on(
                         busy = _set_busy(gpus, True)
                     if sweep is not None and not sweep.done:
                         _advance_sweep(sweep, progress, monitor, gpus, slowdown_file, stop_file, notes)
+                        if _silent_too_long(progress, start_s, spec.profile_report_timeout_s):
+                            notes.append(
+                                f"no progress reported within {spec.profile_report_timeout_s:g} s of the start: "
+                                "profiling stopped the training (it must report progress to be measured)"
+                            )
+                            _stop_child(child)
+                            exit_code = child.returncode if child.returncode is not None else -signal.SIGTERM
+                            break
                     if code is not None:
                         exit_code = code
                         break
@@ -344,7 +363,7 @@ def _run_on(
                     _stop_child(child)
                     exit_code = child.returncode if child.returncode is not None else -signal.SIGTERM
                 if sweep is not None and sweep.open_at is not None:
-                    monitor.end_window("measured")
+                    _close_at_exit(sweep, progress, monitor, notes)
                 total = monitor.end_window("run")
                 _set_busy(gpus, False)
                 if sampler:
@@ -422,14 +441,9 @@ def _advance_sweep(
         return
     if sweep.open_at is None or progress.step < measure_from + sweep.profile_steps or progress.last is None:
         return
-    energy = monitor.end_window("measured")
-    (t0, s0), (t1, s1) = sweep.open_at, progress.last
-    window = MeasuredWindow(
-        power_limit_w=sweep.limit_w, samples=s1 - s0, window_s=max(t1 - t0, 0.0), energy_j=dict(energy.energy_j),
-        energy_window_s=energy.elapsed_s,
-    )  # fmt: skip
-    sweep.windows.append(window)
-    sweep.open_at = None
+    if progress.last[0] - sweep.open_at[0] < sweep.min_window_s:
+        return  # fast steps: keep measuring until the window is long enough to mean something
+    window = _close_window(sweep, progress, monitor)
     speeds = [w.samples / w.window_s for w in sweep.windows if w.window_s > 0]
     too_slow = (
         sweep.slowest_fraction is not None and len(speeds) > 1 and speeds[-1] < sweep.slowest_fraction * max(speeds)
@@ -443,6 +457,39 @@ def _advance_sweep(
     sweep.index += 1
     sweep.phase_start_step = progress.step
     _apply_limit(gpus, sweep.limit_w, slowdown_file, notes)
+
+
+def _close_window(sweep: _Sweep, progress: _Progress, monitor: EnergyMonitor) -> MeasuredWindow:
+    """End the open measured window at the last progress report and record it."""
+    energy = monitor.end_window("measured")
+    (t0, s0), (t1, s1) = sweep.open_at, progress.last  # type: ignore[misc]
+    window = MeasuredWindow(
+        power_limit_w=sweep.limit_w, samples=s1 - s0, window_s=max(t1 - t0, 0.0), energy_j=dict(energy.energy_j),
+        energy_window_s=energy.elapsed_s,
+    )  # fmt: skip
+    sweep.windows.append(window)
+    sweep.open_at = None
+    return window
+
+
+def _close_at_exit(sweep: _Sweep, progress: _Progress, monitor: EnergyMonitor, notes: list[str]) -> None:
+    """The training ended with a window open: keep it when it holds the measured steps (shorter than asked)."""
+    progress.poll()
+    measure_from = sweep.phase_start_step + sweep.warmup_for_phase()
+    if progress.last is not None and progress.step >= measure_from + sweep.profile_steps:
+        window = _close_window(sweep, progress, monitor)
+        notes.append(
+            f"the training ended {window.window_s:.2f} s into the measured window at {window.power_limit_w} W "
+            f"(asked: at least {sweep.min_window_s:g} s); kept, with its {window.samples} samples"
+        )
+    else:
+        monitor.end_window("measured")
+        sweep.open_at = None
+
+
+def _silent_too_long(progress: _Progress, start_s: float, timeout_s: float) -> bool:
+    """Profile mode: the training has reported nothing for ``timeout_s`` since it started."""
+    return progress.step == 0 and time.monotonic() - start_s > timeout_s
 
 
 def _stop_child(child: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:

@@ -21,19 +21,47 @@ OVERRIDABLE = ("region", "finish_by", "objective", "max_slowdown", "power_limit_
 """JobSpec fields a DAG run's params may override."""
 
 
+JOB_SPEC_PARAM = "job_spec"
+"""A run param holding a whole JobSpec: an on-demand run of a job that is not registered."""
+REQUESTED_KEY = "requested"
+"""XCom key of the one job an on-demand run validated (by name or as a whole JobSpec)."""
+
+
 class RequestError(ValueError):
     """A DAG run's request is invalid; the message names the field, the value and what is allowed."""
 
 
 def apply_overrides(base: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """The job dict with the run's non-empty overrides applied."""
+    """The job dict with the run's non-empty overrides applied (``finish_by`` must read as a date-time)."""
     job = dict(base)
     for field in OVERRIDABLE:
         value = params.get(field)
         if value is None or value == "":
             continue
-        job[field] = value
+        job[field] = _finish_by(value) if field == "finish_by" else value
     return job
+
+
+def _finish_by(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise RequestError(
+            f"finish_by={value!r} is not a date-time; give an ISO 8601 UTC time such as 2026-11-25T07:00:00Z "
+            "(or leave it empty for the next 07:00 UTC)"
+        ) from None
+    return value
+
+
+def check_conf_keys(conf: dict[str, Any], declared: set[str]) -> None:
+    """Refuse keys a DAG run's conf sets that the DAG does not declare (a typo would otherwise be ignored)."""
+    unknown = sorted(set(conf) - declared)
+    if unknown:
+        raise RequestError(
+            f"unknown conf key(s) {', '.join(repr(k) for k in unknown)}; allowed: {', '.join(sorted(declared))}"
+        )
 
 
 def validate_job(job: JobSpec | dict[str, Any] | str, *, now: datetime | None = None) -> JobSpec:
@@ -89,6 +117,19 @@ def _check_power_limits(spec: JobSpec) -> None:
             )
 
 
+def _full_job(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError as err:
+            raise RequestError(f"{JOB_SPEC_PARAM} is not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise RequestError(f"{JOB_SPEC_PARAM}={value!r} is not allowed; give a JobSpec object")
+    return value
+
+
 def _dag_folder(context: Any) -> str | None:
     """The folder of the DAG file: a job's relative ``working_dir`` is resolved against it."""
     dag = context.get("dag")
@@ -125,8 +166,15 @@ class ValidateJobsOperator(BaseOperator):
 
     def _validate_all(self, context: Any) -> list[str]:
         overrides = dict(context.get("params") or {})
+        dag, dag_run = context.get("dag"), context.get("dag_run")
+        if dag is not None and getattr(dag, "params", None) and getattr(dag_run, "conf", None):
+            check_conf_keys(dict(dag_run.conf), set(dag.params.keys()))
         jobs = self.jobs
-        if self.only_param:
+        if overrides.get(JOB_SPEC_PARAM):
+            jobs = [_full_job(overrides[JOB_SPEC_PARAM])]
+            # only what the request itself sets overrides a whole JobSpec (not the form's defaults)
+            overrides = {k: v for k, v in dict(getattr(dag_run, "conf", None) or {}).items() if k in OVERRIDABLE}
+        elif self.only_param:
             wanted = overrides.get(self.only_param)
             jobs = [job for job in self.jobs if job.get("name") == wanted]
             if not jobs:
@@ -141,6 +189,8 @@ class ValidateJobsOperator(BaseOperator):
                     update={"working_dir": os.path.normpath(os.path.join(dag_folder, spec.working_dir))}
                 )
             context["ti"].xcom_push(key=spec.name, value=spec.model_dump_json())
+            if self.only_param or overrides.get(JOB_SPEC_PARAM):
+                context["ti"].xcom_push(key=REQUESTED_KEY, value=spec.model_dump_json())
             self.log.info("job %s valid: region %s, objective %s", spec.name, spec.region, spec.objective)
             names.append(spec.name)
         return names

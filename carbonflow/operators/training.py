@@ -504,9 +504,10 @@ def _run_identity(context: Any, job: str) -> dict[str, Any]:
     from carbonflow.tracking import schema
     from carbonflow.tracking.spool import run_idempotency_key
 
-    if not context or "ti" not in context:
-        return {}
-    ti, dag_run = context["ti"], context.get("dag_run")
+    ti = context.get("ti") if context else None
+    if getattr(ti, "dag_id", None) is None or getattr(ti, "task_id", None) is None:
+        return {}  # not run by Airflow (a test's stand-in context): a fresh key per run
+    dag_run = context.get("dag_run")
     dag_run_id = str(context.get("run_id", getattr(dag_run, "run_id", "manual")))
     clear_number = int(getattr(dag_run, "clear_number", 0) or 0)
     run_type = str(getattr(dag_run, "run_type", "") or "")

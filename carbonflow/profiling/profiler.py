@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from carbonflow.energy.device import Device
@@ -43,6 +44,25 @@ class Executor(Protocol):
     ) -> WrappedRun: ...
 
 
+class ProfilingError(RuntimeError):
+    """Profiling could not measure the job; the message says what to change and where the training's log is."""
+
+
+def _log_path(run: WrappedRun) -> str:
+    return str(Path(run.output_dir).parent / "training.log") if run.output_dir else "(no log)"
+
+
+def silent_job_message(spec: JobSpec, run: WrappedRun) -> str:
+    """What to tell the user of a training that reported no progress while it was profiled."""
+    return (
+        f"profiling {spec.name} measured nothing: the training reported no progress in {run.duration_s:.0f} s "
+        f"(exit code {run.exit_code}). carbonflow measures throughput from progress reports: call "
+        "carbonflow.training.report(step, samples) after each optimiser step, or append JSON lines "
+        '{"step": N, "samples": M} to the file named by $CARBONFLOW_PROGRESS_FILE, and stop when '
+        f"carbonflow.training.should_stop() is true. The training's log: {_log_path(run)}"
+    )
+
+
 def candidate_power_limits_w(spec: JobSpec, gpu: Device | None, step_w: float = DEFAULT_STEP_W) -> list[float | None]:
     """Power limits to try, highest first: the job's own list, else the device's range in ``step_w`` steps."""
     if gpu is None or not gpu.supports_power_limit:
@@ -64,7 +84,7 @@ def candidate_power_limits_w(spec: JobSpec, gpu: Device | None, step_w: float = 
 
 def _point(window: MeasuredWindow, config: Config, label: str, job: str) -> ProfilePoint:
     if window.samples <= 0 or window.window_s <= 0 or window.energy_window_s <= 0:
-        raise RuntimeError(
+        raise ProfilingError(
             f"profiling {config.key()} of {job} measured no progress; does the training call "
             "carbonflow.training.report() (or append to $CARBONFLOW_PROGRESS_FILE)?"
         )
@@ -117,8 +137,13 @@ def profile_job(
             warmup_steps=spec.profile_warmup_steps, trace=False, sweep_limits_w=sweep or None,
             stop_below_fraction=stop_below if sweep else None,
         )  # fmt: skip
+        if run.steps == 0:  # found at the first attempt, not once per container count
+            raise ProfilingError(silent_job_message(spec, run))
         if run.exit_code != 0:
-            raise RuntimeError(f"profiling {count} container(s) of {spec.name} failed with exit code {run.exit_code}")
+            raise ProfilingError(
+                f"profiling {count} container(s) of {spec.name} failed with exit code {run.exit_code}; "
+                f"its log: {_log_path(run)}"
+            )
         for window in run.windows:
             config = Config(containers=count, power_limit_w=window.power_limit_w)
             point = _point(window, config, label, spec.name)
@@ -133,7 +158,7 @@ def profile_job(
         if len(run.windows) < len(limits):
             log.info("%d container(s): sweep stopped early (slower than max_slowdown allows)", count)
     if not points:
-        raise RuntimeError(f"profiling {spec.name} measured nothing; does the training report progress?")
+        raise ProfilingError(f"profiling {spec.name} measured nothing; does the training report progress?")
     default_w = gpu.default_power_limit_w() if gpu is not None and gpu.supports_power_limit else None
     max_power_w = gpu.power_limit_constraints_w()[1] if gpu is not None and gpu.supports_power_limit else None
     return Profile(

@@ -257,7 +257,8 @@ def training_record(
         tags=tags,
         artifacts=artifacts,
         registry=register,
-        assign_recurrence=True,
+        # an on-demand run feeds the job's predictions but is not one of its nightly recurrences
+        assign_recurrence=(provenance or {}).get(schema.T_RUN_KIND) != "on_demand",
     )
 
 
