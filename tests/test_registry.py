@@ -1,0 +1,71 @@
+"""The job registry: a folder of JobSpec files, validated with field-named errors, fast and offline."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from carbonflow.registry import RegistryError, load_registry, registry_dir
+
+YAML_JOB = """\
+name: my-mlp
+command: [python, train.py, --epochs, "{epochs}"]
+working_dir: project
+epochs: 10
+samples_per_epoch: 60000
+region: GB
+"""
+
+
+def test_a_folder_of_yaml_and_json_jobs_loads_by_name(tmp_path):
+    (tmp_path / "my-mlp.yaml").write_text(YAML_JOB)
+    (tmp_path / "digits.json").write_text(json.dumps({"name": "digits", "workload": "digits_cnn", "epochs": 2,
+                                                      "region": "DE"}))  # fmt: skip
+    (tmp_path / "README.md").write_text("not a job")
+    jobs = load_registry(tmp_path)
+    assert list(jobs) == ["digits", "my-mlp"]
+    assert jobs["my-mlp"].working_dir == str(tmp_path / "project")  # relative to the registry folder
+
+
+def test_every_problem_is_reported_with_file_field_and_value(tmp_path):
+    (tmp_path / "a.yaml").write_text(YAML_JOB.replace("epochs: 10", "epochs: -1"))
+    (tmp_path / "b.yaml").write_text(YAML_JOB.replace("region: GB", "regoin: GB"))
+    with pytest.raises(RegistryError) as info:
+        load_registry(tmp_path)
+    text = str(info.value)
+    assert "a.yaml: epochs: Value error, epochs=-1 is not allowed" in text
+    assert "b.yaml: regoin: Extra inputs are not permitted" in text  # unknown keys are refused, not ignored
+
+
+def test_two_files_naming_one_job_are_refused(tmp_path):
+    (tmp_path / "one.yaml").write_text(YAML_JOB)
+    (tmp_path / "two.yaml").write_text(YAML_JOB)
+    with pytest.raises(RegistryError, match=r"two.yaml: name='my-mlp' is already the job of one.yaml"):
+        load_registry(tmp_path)
+
+
+def test_the_registry_folder_comes_from_the_environment_or_the_dags_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("CARBONFLOW_JOBS_DIR", raising=False)
+    assert registry_dir(tmp_path) == tmp_path / "jobs"
+    monkeypatch.setenv("CARBONFLOW_JOBS_DIR", str(tmp_path / "elsewhere"))
+    assert registry_dir(tmp_path) == tmp_path / "elsewhere"
+    with pytest.raises(RegistryError, match="is not a directory"):
+        load_registry(tmp_path / "missing")
+
+
+def test_loading_100_jobs_is_fast_and_imports_no_airflow_or_torch(tmp_path):
+    for i in range(100):
+        (tmp_path / f"job{i:03d}.yaml").write_text(YAML_JOB.replace("my-mlp", f"job{i:03d}"))
+    code = (
+        "import sys, time; t = time.perf_counter(); from carbonflow.registry import load_registry; "
+        f"jobs = load_registry({str(tmp_path)!r}); dt = time.perf_counter() - t; "
+        "print(len(jobs), dt, 'airflow' in sys.modules, 'torch' in sys.modules)"
+    )
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "100" and out[2] == "False" and out[3] == "False"
+    assert time.perf_counter() - t0 < 30  # generous: machine-dependent; dag_parse.py measures it properly
