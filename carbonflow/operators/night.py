@@ -145,6 +145,9 @@ class NightPlanOperator(BaseOperator):
     :param profile_task_ids: job name → its EnergyProfileOperator task.
     :param pair_profile_task_id: the PairProfileOperator task (None: no co-location).
     :param replay: / ``replay_start`` / ``conn_ids``: as for CarbonAwareTrainingOperator.
+    :param gpus: the GPUs the night's batch shares (e.g. the ``carbonflow_gpu`` pool's slots). The plans are
+        fitted onto them (:func:`carbonflow.planning.night_gpus.fit_plans_to_gpus`): starts that would find
+        every GPU busy move to the next lowest-carbon start that fits before finish-by. None: one per job.
     """
 
     template_fields: Sequence[str] = ("jobs", "replay_start")
@@ -161,11 +164,15 @@ class NightPlanOperator(BaseOperator):
         replay_start: str | None = None,
         tracking_uri: str | None = None,
         conn_ids: dict[str, str] | None = None,
+        gpus: int | None = None,
         **kwargs: Any,
     ) -> None:
         from carbonflow.operators.training import next_deadline
 
         super().__init__(**kwargs)
+        if gpus is not None and gpus < 1:
+            raise ValueError(f"gpus={gpus} is not allowed; give the number of GPUs the night may use (>= 1)")
+        self.gpus = gpus
         self.jobs = dict(jobs)
         self.profile_task_ids = dict(profile_task_ids)
         self.pair_profile_task_id = pair_profile_task_id
@@ -202,6 +209,8 @@ class NightPlanOperator(BaseOperator):
         plans = plan_night(
             specs, profiles, forecasts, now, pair_profiles=pair_profiles, history=history, intensity_history=recent
         )
+        if self.gpus is not None:
+            plans = _fit_to_gpus(plans, self.gpus, now, forecasts, {s.name: s for s in specs}, profiles, history)
         by_name = {s.name: s for s in specs}
         guards: dict[str, float] = {}
         notes: dict[str, str] = {}
@@ -235,6 +244,15 @@ class NightPlanOperator(BaseOperator):
             "notes": notes,
             "pairs": [dataclasses.asdict(p) for p in pair_profiles],
         }
+
+
+def _fit_to_gpus(plans, gpus, now, forecasts, specs, profiles, history):  # type: ignore[no-untyped-def]
+    """The night's plans fitted onto ``gpus`` GPUs, region by region's forecast (one region: the common case)."""
+    from carbonflow.planning.night_gpus import deadline_factors, fit_plans_to_gpus
+
+    margin = deadline_factors(plans, specs, profiles, history)
+    forecast = next(iter(forecasts.values())) if len(forecasts) == 1 else None
+    return fit_plans_to_gpus(plans, gpus, now, forecast, margin)
 
 
 def _why_alone(
