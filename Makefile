@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS ?= train,test,docs
+EXTRAS ?= train,test,docs,hf,lightning
 comma := ,
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt 2>/dev/null | sha1sum | cut -c1-12)-$(subst $(comma),_,$(EXTRAS))
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from carbonflow.contract import (
     MAX_STEPS_ENV,
+    MODE_ENV,
     OUTPUT_DIR_ENV,
     PROGRESS_FILE_ENV,
     SIM_SLOWDOWN_ENV,
@@ -133,8 +134,8 @@ def should_stop() -> bool:
 
 
 def profiling() -> bool:
-    """True when the run is a profiling run with a step budget."""
-    return _get().max_steps is not None
+    """True while carbonflow profiles the job (``CARBONFLOW_MODE=profile``): train until :func:`should_stop`."""
+    return os.environ.get(MODE_ENV) == "profile" or _get().max_steps is not None
 
 
 def output_dir() -> Path:
