@@ -129,24 +129,32 @@ def demo(
 @app.command()
 def report(
     job: Annotated[str, typer.Argument(help="the job's name (its recurring key)")],
-    png: Annotated[Path | None, typer.Option(help="where to write the comparison plot")] = None,
+    out: Annotated[Path | None, typer.Option(help="write the comparison plot (PNG) into this folder")] = None,
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI (default: embedded store)")] = None,
 ) -> None:
     """Compare a job's runs: energy, emissions, accuracy, savings and configuration."""
+    import tempfile
+
     from rich.console import Console
 
     from carbonflow.tracking.history import TrackingUnavailableError
     from carbonflow.tracking.report import build_report, render_table
 
-    png_path = png or Path(f"{job}-report.png")
-    try:
-        data = build_report(job, tracking_uri=tracking_uri, png_path=png_path)
-    except (LookupError, TrackingUnavailableError) as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(1) from None
-    console = Console()
-    console.print(render_table(data))
-    console.print(f"plot: {png_path}")
+    if out is not None and out.exists() and not out.is_dir():
+        raise typer.BadParameter(f"--out={out} is a file; give a folder for the plot", param_hint="--out")
+    with tempfile.TemporaryDirectory() as scratch:
+        png_path = (out / f"{job}-report.png") if out is not None else Path(scratch) / "report.png"
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+        try:
+            data = build_report(job, tracking_uri=tracking_uri, png_path=png_path)
+        except (LookupError, TrackingUnavailableError) as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(1) from None
+        console = Console(width=min(Console().width, 100))
+        console.print(render_table(data))
+        if out is not None:
+            console.print(f"plot: {png_path}")
 
 
 spool_app = typer.Typer(help="Runs kept locally while MLflow was unreachable.", no_args_is_help=True)
@@ -163,6 +171,28 @@ def spool_replay(
 
     count = replay_spool(tracking_uri or default_uri())
     typer.echo(f"replayed {count} spooled run(s)")
+
+
+@spool_app.command("status")
+def spool_status() -> None:
+    """List the run records waiting in the local spool for MLflow, and those it refused."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from carbonflow.models import utcnow
+    from carbonflow.tracking.spool import failed_entries, pending, spool_root
+
+    waiting, refused = pending(), failed_entries()
+    if not waiting and not refused:
+        typer.echo(f"the spool is empty ({spool_root()})")
+        return
+    table = Table("state", "job", "kind", "age", "target", "attempts", "last error", title=f"spool {spool_root()}")
+    for state, entries in (("waiting", waiting), ("refused", refused)):
+        for e in entries:
+            age_min = (utcnow() - e.meta.spooled_at).total_seconds() / 60
+            table.add_row(state, e.record.job, e.record.kind, f"{age_min:.0f} min", e.meta.tracking_uri,
+                          str(e.meta.attempts), (e.meta.last_error or "")[:60])  # fmt: skip
+    Console(width=100).print(table)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from carbonflow.tracking.history import RealisedVsPredicted, TrackingUnavailableError, realised_vs_predicted
 from carbonflow.tracking.spool import pending
 from carbonflow.tracking.uri import resolve_tracking_uri
+from carbonflow.units import energy_unit_for, format_emissions_g, format_energy_j
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -38,7 +39,6 @@ class ReportRow:
     colocated_with: str
     duration_s: float
     energy_total_j: float
-    energy_total_kwh: float
     emissions_g: float
     emissions_run_now_default_g: float | None
     saving_g: float | None
@@ -88,7 +88,6 @@ def _row(r: RealisedVsPredicted) -> ReportRow:
         colocated_with=",".join(r.colocated_with) or "-",
         duration_s=r.duration_s,
         energy_total_j=r.energy_total_j,
-        energy_total_kwh=r.energy_total_j / 3.6e6,
         emissions_g=r.emissions_g,
         emissions_run_now_default_g=r.emissions_run_now_default_g,
         saving_g=r.saving_g,
@@ -100,6 +99,22 @@ def _row(r: RealisedVsPredicted) -> ReportRow:
         predicted_energy_j=r.predicted_energy_j,
         predicted_emissions_g=r.predicted_emissions_g,
     )
+
+
+def existing_store(tracking_uri: str | None) -> str:
+    """The tracking URI to read, refusing a local store that does not exist (never creates an empty one)."""
+    from carbonflow.tracking.uri import tracking_uri as default_uri
+
+    uri = tracking_uri or default_uri()
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///") :])
+        if not path.is_file() or path.stat().st_size == 0:
+            raise LookupError(
+                f"no MLflow store at {path} (tracking URI {uri}); point carbonflow at the store your runs were "
+                "logged to with --tracking-uri or MLFLOW_TRACKING_URI, or run from the folder whose "
+                ".carbonflow/ holds it (CARBONFLOW_HOME)"
+            )
+    return resolve_tracking_uri(uri)
 
 
 def build_report(
@@ -117,7 +132,7 @@ def build_report(
     """
     if last_n is not None and last_n < 1:
         raise ValueError(f"last_n={last_n} is not allowed; give a positive number of runs or None for all")
-    uri = resolve_tracking_uri(tracking_uri)
+    uri = existing_store(tracking_uri)
     history = realised_vs_predicted(job, tracking_uri=uri, include_spool=False, strict=True)
     waiting = sum(1 for e in pending(root=spool_dir, tracking_uri=uri) if e.record.job == job)
     if not history:
@@ -147,22 +162,22 @@ def render_table(report: ReportData) -> Table:
     from rich.table import Table
 
     table = Table(title=f"carbonflow report: {report.job}  ({report.tracking_uri})", show_lines=False)
+    unit, per_unit = energy_unit_for([r.energy_total_j for r in report.rows])
     columns = [
         ("#", "right"),
         ("started (UTC)", "left"),
         ("config", "left"),
-        ("co-located", "left"),
-        ("duration_s", "right"),
-        ("energy_total_kwh", "right"),
-        ("emissions_g", "right"),
-        ("run-now default g", "right"),
-        ("saving_g", "right"),
-        ("saving %", "right"),
-        ("test_accuracy", "right"),
-        ("energy labels", "left"),
+        ("with", "left"),
+        ("time (s)", "right"),
+        (f"energy ({unit})", "right"),
+        ("CO2e (g)", "right"),
+        ("saving (g)", "right"),
+        ("saving", "right"),
+        ("accuracy", "right"),
+        ("labels", "left"),
     ]
     for name, justify in columns:
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for row in report.rows:
         table.add_row(
             "-" if row.recurrence is None else str(row.recurrence),
@@ -170,17 +185,16 @@ def render_table(report: ReportData) -> Table:
             row.config_key,
             row.colocated_with,
             _fmt(row.duration_s, ".1f"),
-            _fmt(row.energy_total_kwh, ".6f"),
-            _fmt(row.emissions_g, ".3f"),
-            _fmt(row.emissions_run_now_default_g, ".3f"),
-            _fmt(row.saving_g, ".3f"),
-            _fmt(None if row.saving_fraction is None else 100 * row.saving_fraction, ".1f"),
-            _fmt(row.test_accuracy, ".4f"),
+            _fmt(row.energy_total_j / per_unit, ".4g"),
+            _fmt(row.emissions_g, ".3g"),
+            _fmt(row.saving_g, ".3g"),
+            _fmt(None if row.saving_fraction is None else 100 * row.saving_fraction, ".1f") + " %",
+            _fmt(row.test_accuracy, ".3f"),
             row.energy_labels + (" +replay" if row.replay else ""),
         )
     caption = (
-        f"{len(report.rows)} runs: {report.energy_total_j / 3.6e6:.6f} kWh, {report.emissions_g:.3f} g CO2e, "
-        f"saved {report.saving_g:.3f} g vs run-now at default power. PNG: {report.png_path}"
+        f"{len(report.rows)} runs: {format_energy_j(report.energy_total_j)}, {format_emissions_g(report.emissions_g)} "
+        f"CO2e, saved {format_emissions_g(report.saving_g)} vs run-now at the default power limit"
     )
     table.caption = "\n".join([caption, *report.notes])
     return table

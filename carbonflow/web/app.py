@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 
+from carbonflow.units import format_energy_j
 from carbonflow.web.chart import forecast_svg
 from carbonflow.web.data import (
     ForecastCache,
@@ -62,7 +63,7 @@ def _runs_table(runs: list[RunRow]) -> str:
     from carbonflow.planning.saving import format_saving  # the one saving figure (lazy: the planner is heavy)
 
     head = (
-        "<tr><th>job</th><th>started (UTC)</th><th>config</th><th>duration s</th><th>energy kWh</th>"
+        "<tr><th>job</th><th>started (UTC)</th><th>config</th><th>duration s</th><th>energy</th>"
         "<th>emissions gCO2e</th><th>intensity g/kWh</th><th>test accuracy</th><th>saving g</th>"
         "<th>saving %</th><th>labels</th><th>run</th></tr>"
     )
@@ -74,7 +75,7 @@ def _runs_table(runs: list[RunRow]) -> str:
         rows.append(
             f'<tr class="run-row" data-run-id="{escape(r.run_id)}"><td>{escape(r.job)}</td>'
             f'<td>{r.started_at:%Y-%m-%d %H:%M}</td><td class="text">{escape(r.config_key)}</td>'
-            f"<td>{_fmt(r.duration_s, '.1f')}</td><td>{_fmt(r.energy_total_kwh, '.4g')}</td>"
+            f"<td>{_fmt(r.duration_s, '.1f')}</td><td>{format_energy_j(r.energy_total_j)}</td>"
             f"<td>{_fmt(r.emissions_g, '.4g')}</td><td>{_fmt(r.intensity_gco2_per_kwh, '.0f')}</td>"
             f"<td>{_fmt(r.test_accuracy, '.3f')}</td><td>{_fmt(r.saving_g, '.3g')}</td>"
             f'<td>{format_saving(r.saving_fraction)}</td><td class="text">{_badges(r)}</td>'
@@ -93,12 +94,12 @@ def _upcoming_table(upcoming: list[UpcomingJob]) -> str:
         rows.append(
             f'<tr class="upcoming-row"><td>{escape(p.job)}</td><td>{p.start:%Y-%m-%d %H:%M}</td>'
             f'<td>{finish}</td><td class="text">{escape(p.config.key())}</td>'
-            f"<td>{p.predicted_energy_j / 3.6e6:.4g}</td><td>{p.predicted_emissions_g:.4g}</td>"
+            f"<td>{format_energy_j(p.predicted_energy_j)}</td><td>{p.predicted_emissions_g:.4g}</td>"
             f'<td class="text why">{escape(p.reason)}</td></tr>'
         )
     return (
         '<table id="upcoming-table"><tr><th>job</th><th>planned start (UTC)</th><th>finish by</th><th>config</th>'
-        "<th>predicted kWh</th><th>predicted gCO2e</th><th>why</th></tr>" + "".join(rows) + "</table>"
+        "<th>predicted energy</th><th>predicted gCO2e</th><th>why</th></tr>" + "".join(rows) + "</table>"
     )
 
 

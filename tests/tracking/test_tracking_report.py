@@ -15,6 +15,7 @@ from carbonflow.tracking.history import TrackingUnavailableError
 from carbonflow.tracking.logger import log_training_run
 from carbonflow.tracking.report import PNG_SIZE_PX, build_report, render_table
 from carbonflow.tracking.store import client_for
+from carbonflow.units import energy_unit_for
 
 
 @pytest.mark.slow
@@ -49,7 +50,7 @@ def test_report_matches_run_metrics(server: MlflowServer, home: Path, job_name: 
     for row in report.rows:
         metrics = client.get_run(row.run_id).data.metrics
         assert row.energy_total_j == metrics["energy_total_j"]
-        assert row.energy_total_kwh == pytest.approx(metrics["energy_total_kwh"])
+        assert row.energy_total_j == pytest.approx(metrics["energy_total_j"])
         assert row.emissions_g == metrics["emissions_g"]
         assert row.emissions_run_now_default_g == metrics["emissions_run_now_default_g"]
         assert row.saving_g == metrics["saving_g"]
@@ -63,9 +64,10 @@ def test_report_matches_run_metrics(server: MlflowServer, home: Path, job_name: 
     console.print(render_table(report))
     text = console.export_text()
     for row in report.rows:
-        assert f"{row.emissions_g:.3f}" in text
-        assert f"{row.energy_total_kwh:.6f}" in text
-        assert f"{row.test_accuracy:.4f}" in text
+        assert f"{row.emissions_g:.3g}" in text
+        unit, per_unit = energy_unit_for([r.energy_total_j for r in report.rows])
+        assert f"energy ({unit})" in text and f"{row.energy_total_j / per_unit:.4g}" in text
+        assert f"{row.test_accuracy:.3f}" in text
         assert row.config_key in text
     assert "measured,estimated" in text and "+replay" in text
 
@@ -85,3 +87,53 @@ def test_report_errors_are_clear(server: MlflowServer, home: Path, tmp_path: Pat
         build_report("nobody", tracking_uri=server.uri, png_path=tmp_path / "r.png", last_n=0)
     with pytest.raises(TrackingUnavailableError, match="cannot read tracking store"):
         build_report("nobody", tracking_uri="http://127.0.0.1:9", png_path=tmp_path / "r.png")
+
+
+def test_report_refuses_an_empty_tracking_store_without_creating_one(tmp_path: Path, monkeypatch) -> None:
+    """Before: from another folder it silently created an empty .carbonflow/mlflow.db and found no runs."""
+    from typer.testing import CliRunner
+
+    from carbonflow.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("CARBONFLOW_HOME", raising=False)
+    result = CliRunner().invoke(app, ["report", "my-mlp"])
+    assert result.exit_code == 1
+    assert "no MLflow store at" in result.output and "--tracking-uri" in result.output
+    assert not (tmp_path / ".carbonflow").exists()
+
+
+def test_report_writes_files_only_where_asked_and_fits_100_columns(
+    server: MlflowServer, home: Path, job_name: str, tmp_path: Path, monkeypatch
+) -> None:
+    """Before: the PNG landed in the current folder and the table needed ~200 columns."""
+    from typer.testing import CliRunner
+
+    from carbonflow.cli import app
+
+    spec = f.job_spec(job_name)
+    log_training_run(spec, f.plan(job_name), f.result(job_name), tracking_uri=server.uri)
+    monkeypatch.chdir(tmp_path)
+    plain = CliRunner().invoke(app, ["report", job_name, "--tracking-uri", server.uri], terminal_width=100)
+    assert plain.exit_code == 0, plain.output
+    assert not list(tmp_path.glob("*.png"))
+    assert max(len(line) for line in plain.output.splitlines()) <= 100
+    assert "kWh" not in plain.output  # one unit family (J, kJ, MJ) across carbonflow's output
+    out = CliRunner().invoke(app, ["report", job_name, "--tracking-uri", server.uri, "--out", "plots"])
+    assert out.exit_code == 0 and (tmp_path / "plots" / f"{job_name}-report.png").is_file()
+
+
+def test_spool_status_lists_waiting_runs(home: Path, job_name: str) -> None:
+    from typer.testing import CliRunner
+
+    from carbonflow.cli import app
+    from carbonflow.tracking.logger import training_record
+    from carbonflow.tracking.spool import write_spool
+
+    empty = CliRunner().invoke(app, ["spool", "status"])
+    assert empty.exit_code == 0 and "the spool is empty" in empty.output
+    record = training_record(f.job_spec(job_name), f.plan(job_name), f.result(job_name), workdir=home)
+    write_spool(record, "http://mlflow.example:5000")
+    listed = CliRunner().invoke(app, ["spool", "status"])
+    assert listed.exit_code == 0 and job_name in listed.output and "waiting" in listed.output
