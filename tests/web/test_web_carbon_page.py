@@ -144,7 +144,7 @@ def test_carbon_page_renders_chart_windows_and_run_table(store):
     assert [r[0] for r in rows] == list(reversed(run_ids))
     cells = re.findall(r"<td[^>]*>(.*?)</td>", rows[0][1])
     assert cells[0] == "digits_cnn"
-    assert cells[4] == f"{30000 / 3.6e6:.4g}"  # kWh
+    assert cells[4] == "30 kJ"  # one energy unit family (J, kJ, MJ) across carbonflow
     assert cells[7] == "0.975"
     assert "estimated" in cells[10] and "replay" in cells[10]
     # waiting jobs table
