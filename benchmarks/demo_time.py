@@ -36,9 +36,7 @@ def run_once(home: Path) -> float:
 def pair_outcome(home: Path, seen: set[Path]) -> dict:
     """The night's pair profile (speed each job kept together, simulated GPU) and whether the pair shared a GPU."""
     runs = [d for d in sorted((home / "runs").glob("*")) if d not in seen]
-    kept = [
-        json.loads(f.read_text())["kept_speeds"] for run in runs for f in sorted(run.glob("pairs/*/result.json"))
-    ]
+    kept = [json.loads(f.read_text())["kept_speeds"] for run in runs for f in sorted(run.glob("pairs/*/result.json"))]
     shared = any(run.glob("groups/*/launcher") for run in runs)
     seen.update(runs)
     return {"pair_kept_speeds": kept, "shared_a_gpu": shared}

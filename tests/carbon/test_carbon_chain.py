@@ -37,8 +37,9 @@ def test_resolve_region_maps_clouds_and_names_bad_values():
         resolve_region("Atlantis")
     with pytest.raises(ValueError, match="regionid 1-17"):
         resolve_region("GB-99")
-    assert len(all_regions()) >= 90 and all(":" in r or r.replace("-", "").replace("_", "").isalnum()
-                                            for r in all_regions())
+    assert len(all_regions()) >= 90 and all(
+        ":" in r or r.replace("-", "").replace("_", "").isalnum() for r in all_regions()
+    )
 
 
 class _Broken:
@@ -130,8 +131,9 @@ def test_climatology_uses_hour_of_week_from_history():
 
 def test_default_live_chain_reads_env_keys_and_uses_electricity_maps(httpserver, monkeypatch, tmp_path):
     body = (FIX / "electricitymaps" / "GET_v3_carbon-intensity_forecast_zone_US-CAL-CISO.json").read_text()
-    httpserver.expect_request("/v3/carbon-intensity/forecast", headers={"auth-token": "env-token-abc"}) \
-        .respond_with_data(body, content_type="application/json")
+    httpserver.expect_request(
+        "/v3/carbon-intensity/forecast", headers={"auth-token": "env-token-abc"}
+    ).respond_with_data(body, content_type="application/json")
     monkeypatch.setenv("CARBONFLOW_ELECTRICITYMAPS_TOKEN", "env-token-abc")
     monkeypatch.setenv("CARBONFLOW_ELECTRICITYMAPS_URL", httpserver.url_for("/v3"))
     monkeypatch.delenv("CARBONFLOW_WATTTIME_USERNAME", raising=False)
@@ -145,8 +147,12 @@ def test_default_live_chain_reads_env_keys_and_uses_electricity_maps(httpserver,
 
 
 def test_default_live_chain_without_keys_falls_back_and_says_so(monkeypatch):
-    for var in ("CARBONFLOW_ELECTRICITYMAPS_TOKEN", "CARBONFLOW_WATTTIME_USERNAME", "CARBONFLOW_WATTTIME_PASSWORD",
-                "CARBONFLOW_CARBON_AWARE_SDK_URL"):
+    for var in (
+        "CARBONFLOW_ELECTRICITYMAPS_TOKEN",
+        "CARBONFLOW_WATTTIME_USERNAME",
+        "CARBONFLOW_WATTTIME_PASSWORD",
+        "CARBONFLOW_CARBON_AWARE_SDK_URL",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("CARBONFLOW_NESO_URL", "http://127.0.0.1:9")
     chain = default_chain(timeout_s=0.3, retries=0)
@@ -162,7 +168,8 @@ SECRETS = {"em": "EM-SECRET-TOKEN-42", "wt_pw": "WT-PASSWORD-99", "bearer": "WT-
 def test_keys_never_reach_logs_forecasts_or_exceptions(httpserver, caplog):
     """Hostile servers echo the credentials they received; none may reach a log line, a note, XCom JSON or an error."""
     httpserver.expect_request("/v3/carbon-intensity/forecast").respond_with_data(
-        json.dumps({"error": f"Invalid auth-token {SECRETS['em']}"}), status=401, content_type="application/json")
+        json.dumps({"error": f"Invalid auth-token {SECRETS['em']}"}), status=401, content_type="application/json"
+    )
     httpserver.expect_request("/login").respond_with_json({"token": SECRETS["bearer"]})
 
     def forecast_500(request):
@@ -203,12 +210,15 @@ def test_on_disk_cache_holds_no_keys(httpserver, tmp_path):
     httpserver.expect_request("/v3/forecast").respond_with_data(fix.read_text(), content_type="application/json")
     em_fix = FIX / "electricitymaps" / "GET_v3_carbon-intensity_forecast_zone_US-CAL-CISO.json"
     httpserver.expect_request("/v3/carbon-intensity/forecast").respond_with_data(
-        em_fix.read_text(), content_type="application/json")
+        em_fix.read_text(), content_type="application/json"
+    )
     settings = HttpSettings(timeout_s=1, retries=0, cache_dir=tmp_path)
     WattTimeProvider("alice", SECRETS["wt_pw"], httpserver.url_for(""), settings).forecast(
-        "MISO_MASON_CITY", datetime(2022, 10, 21, 6, 20, tzinfo=UTC))
+        "MISO_MASON_CITY", datetime(2022, 10, 21, 6, 20, tzinfo=UTC)
+    )
     ElectricityMapsProvider(SECRETS["em"], httpserver.url_for("/v3"), settings).forecast(
-        "US-CAL-CISO", datetime(2021, 7, 8, tzinfo=UTC))
+        "US-CAL-CISO", datetime(2021, 7, 8, tzinfo=UTC)
+    )
     files = list(tmp_path.glob("*.sqlite"))
     assert {f.name for f in files} == {"watttime.sqlite", "electricitymaps.sqlite"}
     for f in files:
@@ -221,20 +231,26 @@ def test_connection_fields_map_to_chain_credentials(httpserver):
     from carbonflow.carbon.credentials import credentials_from_connection, credentials_from_connections, describe
 
     assert credentials_from_connection("carbonflow_electricitymaps", password="tok-123456") == (
-        "electricitymaps", {"token": "tok-123456"})
-    assert credentials_from_connection("carbonflow_watttime", login="al", password="pw-123456",
-                                       host="http://wt") == ("watttime", {"url": "http://wt", "username": "al",
-                                                                          "password": "pw-123456"})
+        "electricitymaps",
+        {"token": "tok-123456"},
+    )
+    assert credentials_from_connection("carbonflow_watttime", login="al", password="pw-123456", host="http://wt") == (
+        "watttime",
+        {"url": "http://wt", "username": "al", "password": "pw-123456"},
+    )
     with pytest.raises(ValueError, match=r"conn_type='http' is not allowed; use one of carbonflow_"):
         credentials_from_connection("http")
-    creds = credentials_from_connections([
-        {"conn_type": "carbonflow_carbon_aware_sdk", "host": httpserver.url_for("")},
-        {"conn_type": "carbonflow_electricitymaps", "extra": '{"token": "EM-SECRET-TOKEN-42"}'},
-    ])
+    creds = credentials_from_connections(
+        [
+            {"conn_type": "carbonflow_carbon_aware_sdk", "host": httpserver.url_for("")},
+            {"conn_type": "carbonflow_electricitymaps", "extra": '{"token": "EM-SECRET-TOKEN-42"}'},
+        ]
+    )
     assert describe(creds) == {"carbon-aware-sdk": ["url"], "electricitymaps": ["token"]}
-    sdk = (FIX / "carbon-aware-sdk" / "GET_emissions_forecasts_current_location_centralus_windowSize_30.json")
-    httpserver.expect_request("/emissions/forecasts/current").respond_with_data(sdk.read_text(),
-                                                                               content_type="application/json")
+    sdk = FIX / "carbon-aware-sdk" / "GET_emissions_forecasts_current_location_centralus_windowSize_30.json"
+    httpserver.expect_request("/emissions/forecasts/current").respond_with_data(
+        sdk.read_text(), content_type="application/json"
+    )
     chain = default_chain(creds, timeout_s=0.5, retries=0, order={"*": ["carbon-aware-sdk", "static"]})
     now = datetime(2022, 10, 21, 6, 20, tzinfo=UTC)
     fc = chain.forecast("azure:centralus", now, now + timedelta(hours=5))
@@ -242,9 +258,10 @@ def test_connection_fields_map_to_chain_credentials(httpserver):
 
 
 def test_operator_hook_shaped_credentials_are_accepted(httpserver):
-    sdk = (FIX / "carbon-aware-sdk" / "GET_emissions_forecasts_current_location_centralus_windowSize_30.json")
-    httpserver.expect_request("/emissions/forecasts/current").respond_with_data(sdk.read_text(),
-                                                                               content_type="application/json")
+    sdk = FIX / "carbon-aware-sdk" / "GET_emissions_forecasts_current_location_centralus_windowSize_30.json"
+    httpserver.expect_request("/emissions/forecasts/current").respond_with_data(
+        sdk.read_text(), content_type="application/json"
+    )
     creds = {"carbon_aware_sdk": {"base_url": httpserver.url_for("")}, "electricitymaps": {"token": ""}}
     chain = default_chain(creds, timeout_s=0.5, retries=0)
     now = datetime(2022, 10, 21, 6, 20, tzinfo=UTC)

@@ -44,7 +44,11 @@ def serve(httpserver, uri: str, rel: str, status: int = 200, **kw) -> None:
 
 
 def test_neso_national_fw48h_fixture(httpserver):
-    serve(httpserver, "/intensity/2023-03-14T12:00Z/fw48h", "uk-carbon-intensity/GET_intensity_2023-03-14T12-01Z_fw48h.json")  # noqa: E501
+    serve(
+        httpserver,
+        "/intensity/2023-03-14T12:00Z/fw48h",
+        "uk-carbon-intensity/GET_intensity_2023-03-14T12-01Z_fw48h.json",
+    )  # noqa: E501
     fc = NesoProvider(httpserver.url_for(""), FAST).forecast("national", NESO_NOW)
     raw = json.loads(body("uk-carbon-intensity/GET_intensity_2023-03-14T12-01Z_fw48h.json"))["data"]
     assert len(fc.points) == len(raw) == 96
@@ -57,10 +61,16 @@ def test_neso_national_fw48h_fixture(httpserver):
 @pytest.mark.parametrize(
     ("zone", "uri", "rel"),
     [
-        ("regionid:13", "/regional/intensity/2023-03-14T12:00Z/fw48h/regionid/13",
-         "uk-carbon-intensity/GET_regional_intensity_2023-03-14T12-01Z_fw48h_regionid_13__docs_list_shape_synthetic_values.json"),
-        ("postcode:SW1", "/regional/intensity/2023-03-14T12:00Z/fw48h/postcode/SW1",
-         "uk-carbon-intensity/GET_regional_intensity_2023-03-14T12-01Z_fw48h_postcode_SW1__docs_list_shape_synthetic_values.json"),
+        (
+            "regionid:13",
+            "/regional/intensity/2023-03-14T12:00Z/fw48h/regionid/13",
+            "uk-carbon-intensity/GET_regional_intensity_2023-03-14T12-01Z_fw48h_regionid_13__docs_list_shape_synthetic_values.json",
+        ),
+        (
+            "postcode:SW1",
+            "/regional/intensity/2023-03-14T12:00Z/fw48h/postcode/SW1",
+            "uk-carbon-intensity/GET_regional_intensity_2023-03-14T12-01Z_fw48h_postcode_SW1__docs_list_shape_synthetic_values.json",
+        ),
     ],
 )
 def test_neso_regional_list_shape(httpserver, zone, uri, rel):
@@ -81,8 +91,11 @@ def test_neso_regional_object_shape(httpserver):
 
 
 def test_neso_actuals_and_bad_zone(httpserver):
-    serve(httpserver, "/intensity/2023-03-15T12:00Z/2023-03-16T12:00Z",
-          "uk-carbon-intensity/GET_intensity_2023-03-15T12-00Z_2023-03-16T12-00Z.json")
+    serve(
+        httpserver,
+        "/intensity/2023-03-15T12:00Z/2023-03-16T12:00Z",
+        "uk-carbon-intensity/GET_intensity_2023-03-15T12-00Z_2023-03-16T12-00Z.json",
+    )
     neso = NesoProvider(httpserver.url_for(""), FAST)
     pts = neso.actuals("national", datetime(2023, 3, 15, 12, tzinfo=UTC), datetime(2023, 3, 16, 12, tzinfo=UTC))
     assert len(pts) == 48 and pts[0].gco2_per_kwh == 203
@@ -90,8 +103,9 @@ def test_neso_actuals_and_bad_zone(httpserver):
         neso.forecast("mars", NESO_NOW)
 
 
-@pytest.mark.parametrize(("status", "rel"), [(400, "uk-carbon-intensity/error_400.json"),
-                                             (500, "uk-carbon-intensity/error_500.json")])
+@pytest.mark.parametrize(
+    ("status", "rel"), [(400, "uk-carbon-intensity/error_400.json"), (500, "uk-carbon-intensity/error_500.json")]
+)
 def test_neso_error_bodies(httpserver, status, rel):
     serve(httpserver, "/intensity/2023-03-14T12:00Z/fw48h", rel, status=status)
     with pytest.raises(ProviderUnavailable, match=f"HTTP {status}") as err:
@@ -103,8 +117,13 @@ def test_neso_error_bodies(httpserver, status, rel):
 
 
 def test_electricitymaps_forecast_sends_auth_token(httpserver):
-    serve(httpserver, "/v3/carbon-intensity/forecast", "electricitymaps/GET_v3_carbon-intensity_forecast_zone_US-CAL-CISO.json",  # noqa: E501
-          query_string={"zone": "US-CAL-CISO", "emissionFactorType": "lifecycle"}, headers={"auth-token": "em-secret-123"})  # noqa: E501
+    serve(
+        httpserver,
+        "/v3/carbon-intensity/forecast",
+        "electricitymaps/GET_v3_carbon-intensity_forecast_zone_US-CAL-CISO.json",  # noqa: E501
+        query_string={"zone": "US-CAL-CISO", "emissionFactorType": "lifecycle"},
+        headers={"auth-token": "em-secret-123"},
+    )  # noqa: E501
     em = ElectricityMapsProvider("em-secret-123", httpserver.url_for("/v3"), FAST)
     fc = em.forecast("US-CAL-CISO", EM_NOW)
     raw = json.loads(body("electricitymaps/GET_v3_carbon-intensity_forecast_zone_US-CAL-CISO.json"))["forecast"]
@@ -115,17 +134,27 @@ def test_electricitymaps_forecast_sends_auth_token(httpserver):
 
 
 def test_electricitymaps_history_and_latest(httpserver):
-    serve(httpserver, "/v3/carbon-intensity/history", "electricitymaps/GET_v3_carbon-intensity_history_zone_US-CAL-CISO.json")  # noqa: E501
-    serve(httpserver, "/v3/carbon-intensity/latest",
-          "electricitymaps/GET_v3_carbon-intensity_latest_zone_DE__legacy_without_temporalGranularity.json")
+    serve(
+        httpserver,
+        "/v3/carbon-intensity/history",
+        "electricitymaps/GET_v3_carbon-intensity_history_zone_US-CAL-CISO.json",
+    )  # noqa: E501
+    serve(
+        httpserver,
+        "/v3/carbon-intensity/latest",
+        "electricitymaps/GET_v3_carbon-intensity_latest_zone_DE__legacy_without_temporalGranularity.json",
+    )
     em = ElectricityMapsProvider("tok-abcdef", httpserver.url_for("/v3"), FAST)
     hist = em.history("US-CAL-CISO")
     raw = json.loads(body("electricitymaps/GET_v3_carbon-intensity_history_zone_US-CAL-CISO.json"))["history"]
     assert len(hist) == len([r for r in raw if r["carbonIntensity"] is not None])
     latest = em.latest("DE")
-    assert latest.gco2_per_kwh == json.loads(
-        body("electricitymaps/GET_v3_carbon-intensity_latest_zone_DE__legacy_without_temporalGranularity.json")
-    )["carbonIntensity"]
+    assert (
+        latest.gco2_per_kwh
+        == json.loads(
+            body("electricitymaps/GET_v3_carbon-intensity_latest_zone_DE__legacy_without_temporalGranularity.json")
+        )["carbonIntensity"]
+    )
 
 
 def test_electricitymaps_without_token_is_not_configured():
@@ -157,8 +186,9 @@ def test_watttime_login_basic_auth_bearer_and_units(httpserver):
 
     def fc_handler(request):
         seen.append(request.headers.get("Authorization"))
-        return Response(body("watttime/GET_v3_forecast_region_MISO_MASON_CITY_signal_co2_moer.json"), 200,
-                        content_type=JSON)
+        return Response(
+            body("watttime/GET_v3_forecast_region_MISO_MASON_CITY_signal_co2_moer.json"), 200, content_type=JSON
+        )
 
     logins = _watttime(httpserver, fc_handler)
     wt = WattTimeProvider("alice", "wt-pass-xyz", httpserver.url_for(""), FAST)
@@ -181,18 +211,22 @@ def test_watttime_renews_token_on_401(httpserver):
         calls["n"] += 1
         if calls["n"] == 1:
             return Response(body("watttime/error_401__ASSUMED_body.json"), 401, content_type=JSON)
-        return Response(body("watttime/GET_v3_forecast_region_MISO_MASON_CITY_signal_co2_moer.json"), 200,
-                        content_type=JSON)
+        return Response(
+            body("watttime/GET_v3_forecast_region_MISO_MASON_CITY_signal_co2_moer.json"), 200, content_type=JSON
+        )
 
     logins = _watttime(httpserver, fc_handler)
     fc = WattTimeProvider("alice", "pw-123456", httpserver.url_for(""), FAST).forecast("MISO_MASON_CITY", WT_NOW)
     assert len(logins) == 2 and calls["n"] == 2 and fc.points
 
 
-@pytest.mark.parametrize(("status", "rel", "text"), [
-    (400, "watttime/error_400_ErrorResponse.json", "HTTP 400"),
-    (403, "watttime/error_403_ErrorResponse.json", "does not have access"),
-])
+@pytest.mark.parametrize(
+    ("status", "rel", "text"),
+    [
+        (400, "watttime/error_400_ErrorResponse.json", "HTTP 400"),
+        (403, "watttime/error_403_ErrorResponse.json", "does not have access"),
+    ],
+)
 def test_watttime_documented_errors(httpserver, status, rel, text):
     _watttime(httpserver, lambda r: Response(body(rel), status, content_type=JSON))
     with pytest.raises(ProviderUnavailable, match=text):
@@ -208,10 +242,13 @@ def test_watttime_login_refused(httpserver):
 # ---------------------------------------------------------------- Carbon Aware SDK
 
 
-@pytest.mark.parametrize("rel", [
-    "carbon-aware-sdk/GET_emissions_forecasts_current_location_centralus_windowSize_30.json",
-    "carbon-aware-sdk/GET_emissions_forecasts_current__LEGACY_docs_variant_optimalDataPoint_singular.json",
-])
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "carbon-aware-sdk/GET_emissions_forecasts_current_location_centralus_windowSize_30.json",
+        "carbon-aware-sdk/GET_emissions_forecasts_current__LEGACY_docs_variant_optimalDataPoint_singular.json",
+    ],
+)
 def test_carbon_aware_sdk_both_optimal_shapes(httpserver, rel):
     serve(httpserver, "/emissions/forecasts/current", rel, query_string={"location": "centralus"})
     fc = CarbonAwareSdkProvider(httpserver.url_for(""), FAST).forecast("centralus", WT_NOW)
@@ -228,11 +265,17 @@ def _chain_for(kind: str, url: str) -> tuple[ForecastChain, str, datetime]:
     if kind == "neso":
         return ForecastChain([NesoProvider(url, FAST), StaticProvider()]), "GB", NESO_NOW
     if kind == "electricitymaps":
-        return ForecastChain([ElectricityMapsProvider("em-tok-999", url + "/v3", FAST), StaticProvider()]), \
-            "US-CAL-CISO", EM_NOW
+        return (
+            ForecastChain([ElectricityMapsProvider("em-tok-999", url + "/v3", FAST), StaticProvider()]),
+            "US-CAL-CISO",
+            EM_NOW,
+        )
     if kind == "watttime":
-        return ForecastChain([WattTimeProvider("alice", "pw-123456", url, FAST), StaticProvider()]), \
-            "azure:centralus", WT_NOW
+        return (
+            ForecastChain([WattTimeProvider("alice", "pw-123456", url, FAST), StaticProvider()]),
+            "azure:centralus",
+            WT_NOW,
+        )
     if kind == "carbon-aware-sdk":
         return ForecastChain([CarbonAwareSdkProvider(url, FAST), StaticProvider()]), "azure:centralus", WT_NOW
     raise AssertionError(kind)
@@ -270,15 +313,30 @@ def test_fault_falls_back_to_static_with_warning(httpserver, caplog, kind, statu
 
 @pytest.mark.parametrize("kind", sorted(PATHS))
 def test_empty_data_and_null_intensities_fall_back(httpserver, caplog, kind):
-    empty = {"neso": {"data": []}, "electricitymaps": {"zone": "US-CAL-CISO", "forecast": []},
-             "carbon-aware-sdk": [], "watttime": {"data": [], "meta": {"units": "lbs_co2_per_mwh"}}}[kind]
+    empty = {
+        "neso": {"data": []},
+        "electricitymaps": {"zone": "US-CAL-CISO", "forecast": []},
+        "carbon-aware-sdk": [],
+        "watttime": {"data": [], "meta": {"units": "lbs_co2_per_mwh"}},
+    }[kind]
     nulls = {
         "neso": {"data": [{"from": "2023-03-14T12:00Z", "to": "2023-03-14T12:30Z", "intensity": {"forecast": None}}]},
-        "electricitymaps": {"zone": "US-CAL-CISO", "forecast": [{"carbonIntensity": None, "datetime": "2021-07-08T00:00:00.000Z"}]},  # noqa: E501
-        "watttime": {"data": [{"point_time": "2022-10-21T06:20:00+00:00", "value": None}],
-                     "meta": {"units": "lbs_co2_per_mwh", "data_point_period_seconds": 300}},
-        "carbon-aware-sdk": [{"location": "centralus", "forecastData": [
-            {"location": "X", "timestamp": "2022-10-21T06:20:00+00:00", "duration": 30, "value": None}]}],
+        "electricitymaps": {
+            "zone": "US-CAL-CISO",
+            "forecast": [{"carbonIntensity": None, "datetime": "2021-07-08T00:00:00.000Z"}],
+        },  # noqa: E501
+        "watttime": {
+            "data": [{"point_time": "2022-10-21T06:20:00+00:00", "value": None}],
+            "meta": {"units": "lbs_co2_per_mwh", "data_point_period_seconds": 300},
+        },
+        "carbon-aware-sdk": [
+            {
+                "location": "centralus",
+                "forecastData": [
+                    {"location": "X", "timestamp": "2022-10-21T06:20:00+00:00", "duration": 30, "value": None}
+                ],
+            }
+        ],
     }[kind]
     for payload in (empty, nulls):
         httpserver.clear()
@@ -310,8 +368,11 @@ def test_retry_after_is_honoured_then_succeeds(httpserver, status):
 
 def test_429_persistent_or_too_long_retry_after_falls_back(httpserver, caplog):
     httpserver.expect_request(PATHS["electricitymaps"]).respond_with_data(
-        body("electricitymaps/error_429__ASSUMED_body.json"), status=429, headers={"Retry-After": "3600"},
-        content_type=JSON)
+        body("electricitymaps/error_429__ASSUMED_body.json"),
+        status=429,
+        headers={"Retry-After": "3600"},
+        content_type=JSON,
+    )
     chain, region, now = _chain_for("electricitymaps", httpserver.url_for("").rstrip("/"))
     t0 = time.monotonic()
     with caplog.at_level(logging.WARNING):
@@ -322,8 +383,11 @@ def test_429_persistent_or_too_long_retry_after_falls_back(httpserver, caplog):
 
     httpserver.clear()
     httpserver.expect_request(PATHS["carbon-aware-sdk"]).respond_with_data(
-        body("carbon-aware-sdk/error_429_upstream_WattTime_forwarded.json"), status=429, headers={"Retry-After": "0"},
-        content_type=JSON)
+        body("carbon-aware-sdk/error_429_upstream_WattTime_forwarded.json"),
+        status=429,
+        headers={"Retry-After": "0"},
+        content_type=JSON,
+    )
     chain, region, now = _chain_for("carbon-aware-sdk", httpserver.url_for("").rstrip("/"))
     fc = chain.forecast(region, now, now.replace(hour=9))
     assert fc.provider == "static:codecarbon"
@@ -372,17 +436,23 @@ def test_on_disk_cache_keyed_by_provider_region_slot(httpserver, tmp_path):
 
 
 def test_gaps_stay_gaps_and_bad_values_are_dropped(httpserver):
-    payload = {"zone": "DE", "forecast": [
-        {"carbonIntensity": 300, "datetime": "2021-07-08T00:00:00.000Z"},
-        {"carbonIntensity": 310, "datetime": "2021-07-08T01:00:00.000Z"},
-        {"carbonIntensity": 320, "datetime": "2021-07-08T05:00:00.000Z"},  # 3 h missing before this one
-        {"carbonIntensity": "n/a", "datetime": "2021-07-08T06:00:00.000Z"},
-        {"carbonIntensity": -5, "datetime": "2021-07-08T07:00:00.000Z"},
-        {"carbonIntensity": True, "datetime": "2021-07-08T08:00:00.000Z"},
-        {"datetime": "2021-07-08T09:00:00.000Z"},
-        {"carbonIntensity": 330},
-    ]}
+    payload = {
+        "zone": "DE",
+        "forecast": [
+            {"carbonIntensity": 300, "datetime": "2021-07-08T00:00:00.000Z"},
+            {"carbonIntensity": 310, "datetime": "2021-07-08T01:00:00.000Z"},
+            {"carbonIntensity": 320, "datetime": "2021-07-08T05:00:00.000Z"},  # 3 h missing before this one
+            {"carbonIntensity": "n/a", "datetime": "2021-07-08T06:00:00.000Z"},
+            {"carbonIntensity": -5, "datetime": "2021-07-08T07:00:00.000Z"},
+            {"carbonIntensity": True, "datetime": "2021-07-08T08:00:00.000Z"},
+            {"datetime": "2021-07-08T09:00:00.000Z"},
+            {"carbonIntensity": 330},
+        ],
+    }
     httpserver.expect_request("/v3/carbon-intensity/forecast").respond_with_json(payload)
     fc = ElectricityMapsProvider("tok-123456", httpserver.url_for("/v3"), FAST).forecast("DE", EM_NOW)
     assert [(p.start.hour, p.length_s, p.gco2_per_kwh) for p in fc.points] == [
-        (0, 3600, 300), (1, 3600, 310), (5, 3600, 320)]
+        (0, 3600, 300),
+        (1, 3600, 310),
+        (5, 3600, 320),
+    ]

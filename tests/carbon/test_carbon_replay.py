@@ -76,8 +76,10 @@ def _hourly_csv(tmp_path: Path, days: int = 3) -> Path:
     start = pd.Timestamp("2022-01-01T00:00Z")
     lines = ["start_utc,gco2_per_kwh,region,signal_kind"]
     for i in range(days * 24):
-        lines.append(f"{(start + pd.Timedelta(hours=i)).isoformat()},{200 + 50 * np.sin(i / 24 * 2 * np.pi):.2f},"
-                     "XX,average-lifecycle")
+        lines.append(
+            f"{(start + pd.Timedelta(hours=i)).isoformat()},{200 + 50 * np.sin(i / 24 * 2 * np.pi):.2f},"
+            "XX,average-lifecycle"
+        )
     return _write(tmp_path, "mine.csv", "\n".join(lines) + "\n")
 
 
@@ -96,9 +98,13 @@ def test_actuals_only_trace_gets_seeded_synthetic_error(tmp_path):
 
 
 def test_user_forecast_file_is_served_as_published(tmp_path):
-    path = _write(tmp_path, "fc.csv", "issued_at_utc,start_utc,gco2_per_kwh,actual_gco2_per_kwh\n"
-                  "2022-01-01T00:00Z,2022-01-01T00:00Z,100,110\n2022-01-01T00:00Z,2022-01-01T01:00Z,90,95\n"
-                  "2022-01-01T01:00Z,2022-01-01T01:00Z,80,95\n2022-01-01T01:00Z,2022-01-01T02:00Z,70,60\n")
+    path = _write(
+        tmp_path,
+        "fc.csv",
+        "issued_at_utc,start_utc,gco2_per_kwh,actual_gco2_per_kwh\n"
+        "2022-01-01T00:00Z,2022-01-01T00:00Z,100,110\n2022-01-01T00:00Z,2022-01-01T01:00Z,90,95\n"
+        "2022-01-01T01:00Z,2022-01-01T01:00Z,80,95\n2022-01-01T01:00Z,2022-01-01T02:00Z,70,60\n",
+    )
     replay = ReplayProvider([path])
     fc = replay.forecast("FC", datetime(2022, 1, 1, 1, 30, tzinfo=UTC))
     assert [p.gco2_per_kwh for p in fc.points] == [80.0, 70.0]
@@ -107,27 +113,49 @@ def test_user_forecast_file_is_served_as_published(tmp_path):
 
 
 SHAPES = {
-    "ger_ci.csv": ("Time,Carbon Intensity\n2020-01-01 00:00:00,300.5\n2020-01-01 00:15:00,310.0\n"
-                   "2020-01-01 00:30:00,305.0\n", "DE", "average-lifecycle", 900),
+    "ger_ci.csv": (
+        "Time,Carbon Intensity\n2020-01-01 00:00:00,300.5\n2020-01-01 00:15:00,310.0\n2020-01-01 00:30:00,305.0\n",
+        "DE",
+        "average-lifecycle",
+        900,
+    ),
     "NO_2022_hourly.csv": (
         "Datetime (UTC),Country,Zone Name,Zone Id,Carbon Intensity gCO₂eq/kWh (direct),"
         "Carbon Intensity gCO₂eq/kWh (LCA),Low Carbon Percentage,Renewable Percentage,Data Source,Data Estimated,"
         "Data Estimation Method\n2022-01-01 00:00:00,Norway,Norway,NO,33.11,63.03,94.86,90.85,entsoe.eu,false,\n"
         "2022-01-01 01:00:00,Norway,Norway,NO,27.06,56.47,96.07,92.12,entsoe.eu,false,\n",
-        "NO", "average-lifecycle", 3600),
-    "GB.csv": ("zone_datetime,timestamp,carbon_intensity_avg,fossilFuelPercentage\n"
-               "2021-10-08T04:00:00.000Z,1633671337.0,231.0,39.43\n2021-10-08T05:00:00.000Z,1633671337.0,240.0,39.0\n",
-               "GB", "average-lifecycle", 3600),
-    "carbon_hist.csv": ("location,timestamp,duration,value,hist\n"
-                        "MISO_MASON_CITY,2022-10-20T06:20:00+00:00,30,646.85,619.2\n"
-                        "MISO_MASON_CITY,2022-10-20T06:50:00+00:00,30,639.68,618.7\n",
-                        "MISO_MASON_CITY", "marginal", 1800),
-    "fw48h_2023-03-14T1201Z.csv": ("from,intensity.forecast,intensity.actual\n2023-03-14T12:00Z,93,\n"
-                                   "2023-03-14T12:30Z,91,\n", "GB", "average-direct", 1800),
+        "NO",
+        "average-lifecycle",
+        3600,
+    ),
+    "GB.csv": (
+        "zone_datetime,timestamp,carbon_intensity_avg,fossilFuelPercentage\n"
+        "2021-10-08T04:00:00.000Z,1633671337.0,231.0,39.43\n2021-10-08T05:00:00.000Z,1633671337.0,240.0,39.0\n",
+        "GB",
+        "average-lifecycle",
+        3600,
+    ),
+    "carbon_hist.csv": (
+        "location,timestamp,duration,value,hist\n"
+        "MISO_MASON_CITY,2022-10-20T06:20:00+00:00,30,646.85,619.2\n"
+        "MISO_MASON_CITY,2022-10-20T06:50:00+00:00,30,639.68,618.7\n",
+        "MISO_MASON_CITY",
+        "marginal",
+        1800,
+    ),
+    "fw48h_2023-03-14T1201Z.csv": (
+        "from,intensity.forecast,intensity.actual\n2023-03-14T12:00Z,93,\n2023-03-14T12:30Z,91,\n",
+        "GB",
+        "average-direct",
+        1800,
+    ),
     "US-CISO_lifecycle_96h.csv": (
         "forecast_run_day_utc,target_time_utc,lead_hour,forecast_lifecycle_gco2_per_kwh,actual_lifecycle_gco2_per_kwh\n"
         "2021-07-01,2021-07-01T00:00:00Z,0,253.58,233.04\n2021-07-01,2021-07-01T01:00:00Z,1,284.15,258.3\n",
-        "US-CAL-CISO", "average-lifecycle", 3600),
+        "US-CAL-CISO",
+        "average-lifecycle",
+        3600,
+    ),
 }
 
 

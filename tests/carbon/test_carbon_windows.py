@@ -22,20 +22,29 @@ T0 = datetime(2023, 3, 15, 0, 0, tzinfo=UTC)
 
 
 def series(values, start=T0, length_s=3600.0):
-    return [ForecastPoint(start=start + timedelta(seconds=i * length_s), length_s=length_s, gco2_per_kwh=v)
-            for i, v in enumerate(values)]
+    return [
+        ForecastPoint(start=start + timedelta(seconds=i * length_s), length_s=length_s, gco2_per_kwh=v)
+        for i, v in enumerate(values)
+    ]
 
 
 def fc(values, issued=T0, length_s=3600.0, **kw):
-    return Forecast(region="GB", provider="test", signal_kind="average-direct", issued_at=issued,
-                    points=series(values, issued, length_s), **kw)
+    return Forecast(
+        region="GB",
+        provider="test",
+        signal_kind="average-direct",
+        issued_at=issued,
+        points=series(values, issued, length_s),
+        **kw,
+    )
 
 
 def test_mean_intensity_is_time_weighted():
     pts = series([100, 200], length_s=1800)
     assert mean_intensity_gco2_per_kwh(pts, T0, T0 + timedelta(hours=1)) == 150
     assert mean_intensity_gco2_per_kwh(pts, T0 + timedelta(minutes=15), T0 + timedelta(minutes=60)) == pytest.approx(
-        (15 * 100 + 30 * 200) / 45)
+        (15 * 100 + 30 * 200) / 45
+    )
     with pytest.raises(ValueError, match="end="):
         mean_intensity_gco2_per_kwh(pts, T0, T0)
     with pytest.raises(ValueError, match="no slot overlaps"):
@@ -57,10 +66,17 @@ def test_choose_start_finds_the_cheapest_contiguous_window():
 def test_ties_go_to_the_earliest_start_and_step_grid():
     choice = choose_start(fc([100] * 12), 3600, T0, T0 + timedelta(hours=12), robust=False)
     assert choice.start == T0 and "start at once" in choice.reason
-    grid = choose_start(fc([300, 300, 50, 300, 300, 300]), 3600, T0 + timedelta(minutes=10),
-                        T0 + timedelta(hours=6), robust=False, step_s=3600)
+    grid = choose_start(
+        fc([300, 300, 50, 300, 300, 300]),
+        3600,
+        T0 + timedelta(minutes=10),
+        T0 + timedelta(hours=6),
+        robust=False,
+        step_s=3600,
+    )
     assert (grid.start - (T0 + timedelta(minutes=10))).total_seconds() % 3600 == 0 or grid.start == T0 + timedelta(
-        hours=5)
+        hours=5
+    )
 
 
 def test_no_forecast_starts_at_once_and_says_why():
@@ -77,12 +93,15 @@ def test_infeasible_finish_by_and_uncovered_forecast():
     assert uncovered.fallback and uncovered.start == T0 and "covers" in uncovered.reason
 
 
-@pytest.mark.parametrize(("field", "kwargs"), [
-    ("duration_s", {"duration_s": 0}),
-    ("duration_s", {"duration_s": float("nan")}),
-    ("step_s", {"step_s": -1}),
-    ("risk_aversion", {"risk_aversion": -1}),
-])
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    [
+        ("duration_s", {"duration_s": 0}),
+        ("duration_s", {"duration_s": float("nan")}),
+        ("step_s", {"step_s": -1}),
+        ("risk_aversion", {"risk_aversion": -1}),
+    ],
+)
 def test_bad_input_names_the_field(field, kwargs):
     args = {"forecast": fc([100] * 4), "duration_s": 3600, "earliest": T0, "finish_by": T0 + timedelta(hours=4)}
     args.update(kwargs)
@@ -175,8 +194,10 @@ def test_shrinkage_weights_by_error_variance():
 def test_intervals_pick_cheapest_slots_and_merge():
     values = [300, 100, 300, 300, 90, 95, 300, 300]
     choice = choose_intervals(fc(values), 3 * 3600, T0, T0 + timedelta(hours=8), robust=False)
-    assert choice.intervals == [(T0 + timedelta(hours=1), T0 + timedelta(hours=2)),
-                                (T0 + timedelta(hours=4), T0 + timedelta(hours=6))]
+    assert choice.intervals == [
+        (T0 + timedelta(hours=1), T0 + timedelta(hours=2)),
+        (T0 + timedelta(hours=4), T0 + timedelta(hours=6)),
+    ]
     assert choice.expected_gco2_per_kwh == pytest.approx(95)
     one = choose_intervals(fc(values), 3 * 3600, T0, T0 + timedelta(hours=8), robust=False, max_intervals=1)
     assert len(one.intervals) == 1 and "max_intervals=1" in one.reason

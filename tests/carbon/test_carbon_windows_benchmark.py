@@ -27,7 +27,11 @@ def test_benchmark_quick_on_one_trace(tmp_path):
     for r in rows:
         assert r["perfect"]["fraction_of_oracle"] == pytest.approx(1.0)
         for kind in ("perfect", "calibrated_error"):
-            assert {"reduction_vs_run_now", "fraction_of_oracle", "robust_reduction_vs_run_now",
-                    "robust_fraction_of_oracle"} <= set(r[kind])
+            assert {
+                "reduction_vs_run_now",
+                "fraction_of_oracle",
+                "robust_reduction_vs_run_now",
+                "robust_fraction_of_oracle",
+            } <= set(r[kind])
         assert r["calibrated_error"]["robust_above_run_now"] < 0.01
     assert saved["vectorised_vs_choose_start_checks"] == 5
