@@ -48,7 +48,7 @@ def test_neso_national_fw48h_fixture(httpserver):
         httpserver,
         "/intensity/2023-03-14T12:00Z/fw48h",
         "uk-carbon-intensity/GET_intensity_2023-03-14T12-01Z_fw48h.json",
-    )  # noqa: E501
+    )
     fc = NesoProvider(httpserver.url_for(""), FAST).forecast("national", NESO_NOW)
     raw = json.loads(body("uk-carbon-intensity/GET_intensity_2023-03-14T12-01Z_fw48h.json"))["data"]
     assert len(fc.points) == len(raw) == 96
@@ -120,10 +120,10 @@ def test_electricitymaps_forecast_sends_auth_token(httpserver):
     serve(
         httpserver,
         "/v3/carbon-intensity/forecast",
-        "electricitymaps/GET_v3_carbon-intensity_forecast_zone_US-CAL-CISO.json",  # noqa: E501
+        "electricitymaps/GET_v3_carbon-intensity_forecast_zone_US-CAL-CISO.json",
         query_string={"zone": "US-CAL-CISO", "emissionFactorType": "lifecycle"},
         headers={"auth-token": "em-secret-123"},
-    )  # noqa: E501
+    )
     em = ElectricityMapsProvider("em-secret-123", httpserver.url_for("/v3"), FAST)
     fc = em.forecast("US-CAL-CISO", EM_NOW)
     raw = json.loads(body("electricitymaps/GET_v3_carbon-intensity_forecast_zone_US-CAL-CISO.json"))["forecast"]
@@ -138,7 +138,7 @@ def test_electricitymaps_history_and_latest(httpserver):
         httpserver,
         "/v3/carbon-intensity/history",
         "electricitymaps/GET_v3_carbon-intensity_history_zone_US-CAL-CISO.json",
-    )  # noqa: E501
+    )
     serve(
         httpserver,
         "/v3/carbon-intensity/latest",
@@ -324,7 +324,7 @@ def test_empty_data_and_null_intensities_fall_back(httpserver, caplog, kind):
         "electricitymaps": {
             "zone": "US-CAL-CISO",
             "forecast": [{"carbonIntensity": None, "datetime": "2021-07-08T00:00:00.000Z"}],
-        },  # noqa: E501
+        },
         "watttime": {
             "data": [{"point_time": "2022-10-21T06:20:00+00:00", "value": None}],
             "meta": {"units": "lbs_co2_per_mwh", "data_point_period_seconds": 300},
