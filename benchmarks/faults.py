@@ -12,10 +12,18 @@ Counted per injection:
 * ``power_limits_left_lowered`` — GPUs not back at the limit they had before carbonflow touched them;
 * ``gpus_double_booked`` — two trainings alive on one GPU at the same time;
 * ``runs_lost`` — a run the fault did not target that ended without its result;
-* ``runs_duplicated`` — a training still alive when its retry started.
+* ``runs_duplicated`` — a training still alive when its retry started, or a run logged to MLflow twice.
+
+The run-record kinds log a training run the way the session does (``log_training_run`` with the Airflow
+run's idempotency key) while MLflow refuses connections or hangs, after the worker that trained is gone
+(the record delivered from XCom), on a task retry and on a cleared DAG run, into one real MLflow store
+(SQLite, shared by the injections): a run that never arrives is lost, one that arrives twice is duplicated.
 
 Run: ``python benchmarks/faults.py [--per-kind 20] [--seed 0]`` → benchmarks/results/faults.json.
-A test runs ``--per-kind 1`` of every kind and checks a deliberately broken restore is caught.
+A test runs ``--per-kind 1`` of every kind and checks that a deliberately broken restore, delivery or
+restore pod is caught. The Kubernetes kinds run the **fake** Kubernetes API (tests/kubernetes: pods terminate
+over their grace period) on a **fake** GPU node whose training pods run the real wrapper on a random host GPU
+(seen as GPU 0 in the pod) and whose restore pods run the real restore script and command through the fake zeusd.
 """
 
 from __future__ import annotations
@@ -182,6 +190,312 @@ def _stale_journal(format_version: int) -> Callable[[random.Random, Path], Fault
     return inject
 
 
+_STORE: dict[str, str] = {}
+
+
+def _store() -> str:
+    """One real MLflow store for every run-record injection (each injection uses its own job name)."""
+    if "uri" not in _STORE:
+        folder = Path(tempfile.mkdtemp(prefix="faults-mlflow-"))
+        _STORE["uri"] = f"sqlite:///{folder / 'mlflow.db'}"
+    return _STORE["uri"]
+
+
+def _runs_with_key(uri: str, job: str, key: str) -> int:
+    from carbonflow.tracking import schema
+    from carbonflow.tracking.store import client_for, search_all_runs, tag_filter
+
+    client = client_for(uri)
+    experiment = client.get_experiment_by_name(schema.experiment_name(job))
+    if experiment is None:
+        return 0
+    return len(search_all_runs(client, [experiment.experiment_id], tag_filter(schema.T_IDEMPOTENCY_KEY, key)))
+
+
+def _counted(uri: str, job: str, keys: list[str]) -> FaultOutcome:
+    counts = [_runs_with_key(uri, job, key) for key in keys]
+    return FaultOutcome(runs_lost=sum(c == 0 for c in counts), runs_duplicated=sum(c > 1 for c in counts))
+
+
+def _log(job: str, key: str, uri: str, spool: Path, files: Path) -> object:
+    """Log one training run as the session does, with the Airflow run's idempotency key."""
+    from carbonflow.tracking.logger import log_training_run
+    from tests.tracking import tracking_factories as f
+
+    trace = files / "trace.csv"
+    trace.write_text("time_s,device,power_w\n0.0,GPU-0aa1,151.2\n1.0,GPU-0aa1,183.9\n")
+    return log_training_run(f.job_spec(job), f.plan(job), f.result(job), power_trace_csv=trace, tracking_uri=uri,
+                            spool_dir=spool, idempotency_key=key)  # fmt: skip
+
+
+def _key(job: str, clear_number: int = 0) -> str:
+    from carbonflow.tracking.spool import run_idempotency_key
+
+    return run_idempotency_key("nightly_retrain", "scheduled__2026-11-24T19:00:00+00:00", clear_number, "train", 0, job)
+
+
+def _refusing_uri() -> str:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"  # closed again: connections are refused
+
+
+@contextlib.contextmanager
+def _hanging_uri():  # type: ignore[no-untyped-def]
+    """An HTTP 'server' that accepts connections and never answers."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                held.append(server.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+def _outage(hanging: bool) -> Callable[[random.Random, Path], FaultOutcome]:
+    """MLflow refuses connections (or hangs) while the run is logged; later the spool is replayed to it."""
+
+    def inject(rng: random.Random, root: Path) -> FaultOutcome:
+        from carbonflow.tracking.spool import replay_spool
+
+        job, store = f"outage-{rng.getrandbits(32):08x}", _store()
+        with _hanging_uri() if hanging else contextlib.nullcontext(_refusing_uri()) as down:
+            outcome = _log(job, _key(job), down, root / "spool", root)
+        if not getattr(outcome, "spooled", False):
+            return FaultOutcome(runs_lost=1)
+        replay_spool(store, root=root / "spool", all_targets=True)
+        replay_spool(store, root=root / "spool", all_targets=True)  # a second replay must not duplicate
+        return _counted(store, job, [_key(job)])
+
+    return inject
+
+
+def trainer_gone_before_logging(rng: random.Random, root: Path) -> FaultOutcome:
+    """MLflow down, then the worker that trained is gone with its spool: the record held in XCom is delivered."""
+    import shutil
+
+    from carbonflow.tracking.held import deliver_held, hold_run
+
+    job, store = f"gone-{rng.getrandbits(32):08x}", _store()
+    outcome = _log(job, _key(job), _refusing_uri(), root / "spool", root)
+    held = json.loads(json.dumps(hold_run(outcome.model_dump(mode="json"))))  # type: ignore[attr-defined]
+    shutil.rmtree(root / "spool")
+    deliver_held(held, store)
+    if rng.random() < 0.5:
+        deliver_held(held, store)  # the delivering task retried after a lost reply
+    return _counted(store, job, [_key(job)])
+
+
+def task_retried_after_logging(rng: random.Random, root: Path) -> FaultOutcome:
+    """The task logged its run, then died before Airflow heard: the retry finds the run and trains nothing."""
+    from carbonflow.tracking.store import completed_run
+
+    job, store = f"retry-{rng.getrandbits(32):08x}", _store()
+    _log(job, _key(job), store, root / "spool", root)
+    if completed_run(job, _key(job), store) is None:  # what the session asks before training again
+        _log(job, _key(job), store, root / "spool", root)
+    return _counted(store, job, [_key(job)])
+
+
+def dag_run_cleared(rng: random.Random, root: Path) -> FaultOutcome:
+    """A cleared DAG run is a new run: a new key, one new run, the old one kept; neither duplicated."""
+    job, store = f"cleared-{rng.getrandbits(32):08x}", _store()
+    clears = rng.randint(1, 3)
+    for clear in range(clears + 1):
+        _log(job, _key(job, clear), store, root / "spool", root)
+    return _counted(store, job, [_key(job, clear) for clear in range(clears + 1)])
+
+
+sys.path.insert(0, str(REPO / "tests" / "kubernetes"))  # the fake Kubernetes API and fake GPU node
+
+
+@contextlib.contextmanager
+def _cluster(rng: random.Random):  # type: ignore[no-untyped-def]
+    """A fake GPU node of 1–4 GPUs at a random limit, whose device plugin gives the pod one random host GPU, its
+    fake zeusd, and the fake Kubernetes API (pods terminate over their grace period) with the real backend.
+    Yields (node, zeusd, api, backend, host GPU index)."""
+    from fake_gpu_node import FakeGpuNode
+    from fake_kube_api import FakeKubeApi
+
+    from carbonflow.execution.k8s_manifests import KubernetesSettings
+    from carbonflow.execution.kubernetes import KubernetesBackend
+
+    gpus = rng.randint(1, 4)
+    host_gpu = rng.randrange(gpus)
+    with (
+        FakeGpuNode(gpus, gpus_for=lambda pod: [host_gpu], limit_mw=rng.choice([250000, 280000, 300000])) as node,
+        node.zeusd() as zeusd,
+        FakeKubeApi(node.training) as api,
+    ):
+        api.restore_behaviour = _restore_pod(node, node.journal_dir, node.socket)
+        kubeconfig = api.write_kubeconfig(node.base / "kubeconfig.json")
+        backend = KubernetesBackend(KubernetesSettings(namespace="ml"), config_file=str(kubeconfig),
+                                    poll_interval_s=0.02, restore_timeout_s=60)  # fmt: skip
+        yield node, zeusd, api, backend, host_gpu
+
+
+def _restore_pod(node: object, host_dir: Path, sock: Path | None) -> Callable[..., object]:
+    """The restore pod as the node runs it: the real script and restore command, through zeusd (replaceable, so
+    that a test can show a restore pod that does nothing is counted)."""
+    return node.restore  # type: ignore[attr-defined]
+
+
+def _gpu_run(limit_w: float, command: list[str] | None = None) -> tuple[object, object]:
+    """A one-pod GPU job running ``command`` (default: trains until stopped) and its plan at ``limit_w``."""
+    from datetime import UTC, datetime
+
+    from carbonflow.models import Config, JobSpec, Plan
+
+    command = command or ["python", "-c", "import time\nwhile True:\n    time.sleep(0.2)\n"]
+    spec = JobSpec(name="pod-fault", command=command, steps=100, region="GB")
+    plan = Plan(job=spec.name, config=Config(containers=1, power_limit_w=limit_w), start=datetime.now(UTC),
+                predicted_duration_s=60, predicted_energy_j=1e4, predicted_emissions_g=1, region="GB",
+                forecast_provider="fault-injection", reason="fault injection")  # fmt: skip
+    return spec, plan
+
+
+def _pod_lowered_then_killed(rng: random.Random, node: object, api: object, backend: object, host_gpu: int,
+                             limit_w: float, command: list[str] | None = None) -> tuple[object, str]:  # fmt: skip
+    """Start the pod (the real wrapper lowers its GPU through zeusd), let it train a random while, then SIGKILL
+    its container (the OOM killer). Returns (handle, pod name)."""
+    handle = backend.start(*_gpu_run(limit_w, command))  # type: ignore[attr-defined]
+    pod = handle.details["pod"]
+    wait_for(lambda: backend.poll(handle).state == "running"  # type: ignore[attr-defined]
+             and node.node.limits_mw()[host_gpu] == int(limit_w * 1000))  # type: ignore[attr-defined]  # fmt: skip
+    time.sleep(rng.uniform(0.0, 0.3))
+    api.kill_container(pod)  # type: ignore[attr-defined]
+    wait_for(lambda: backend.poll(handle).state == "finished")  # type: ignore[attr-defined]
+    return handle, pod
+
+
+def _k8s_kill(agent_down_during_restore: bool) -> Callable[[random.Random, Path], FaultOutcome]:
+    """A training pod SIGKILLed (OOM) after its wrapper lowered its GPU — a random host GPU of a 1–4 GPU node,
+    which the pod sees as GPU 0: the restore pod puts it back through zeusd, by its host index. With the node
+    agent unreachable during the restore, the failure must be reported on the run's error with the command to
+    run, which is run once the agent is back."""
+
+    def inject(rng: random.Random, root: Path) -> FaultOutcome:
+        with _cluster(rng) as (node, _, api, backend, host_gpu):
+            handle, _ = _pod_lowered_then_killed(rng, node, api, backend, host_gpu, _limit(rng))
+            notes: str | None = None
+            with _agent_down(node) if agent_down_during_restore else contextlib.nullcontext():
+                try:
+                    backend.collect(handle)  # a killed pod has no result: collect must fail
+                except Exception as err:
+                    notes = " ".join(getattr(err, "__notes__", []))
+            reported = notes is not None
+            if agent_down_during_restore and notes is not None:  # the agent is back: run what the error says
+                command = _by_hand_command(notes)
+                reported = command is not None
+                if command is not None:
+                    _run_by_hand(node, command)
+            left = node.node.lowered()
+            others = {c[0] for c in node.node.state()["set_calls"]} - {node.node.uuids()[host_gpu]}
+        return FaultOutcome(power_limits_left_lowered=left + len(others) + (0 if reported else 1))
+
+    return inject
+
+
+@contextlib.contextmanager
+def _agent_down(node: object):  # type: ignore[no-untyped-def]
+    """zeusd unreachable: its socket answers nobody (the daemon restarting)."""
+    sock = node.socket  # type: ignore[attr-defined]
+    aside = sock.with_name("zeusd.sock.down")
+    os.rename(sock, aside)
+    try:
+        yield
+    finally:
+        os.rename(aside, sock)
+
+
+def _by_hand_command(notes: str) -> str | None:
+    """The restore command the run's error tells an operator to run on the node, or None."""
+    marker = "with: "
+    if "power-limit restore for" not in notes or marker not in notes:
+        return None
+    return notes.split(marker, 1)[1].split(" python -m carbonflow.energy.power_limit restore", 1)[0]
+
+
+def _run_by_hand(node: object, assignments: str) -> None:
+    """Run ``python -m carbonflow.energy.power_limit restore`` on the node as the error says (host paths)."""
+    env = {}
+    for part in assignments.split():
+        name, value = part.split("=", 1)
+        env[name] = str(node.host_path(value))  # type: ignore[attr-defined]
+    node.node.restore_cli(FAKE_NVML_UNPRIVILEGED="1", **env)  # type: ignore[attr-defined]
+
+
+MOVE_JOURNAL = """
+import glob, os, sys, time
+attack = sys.argv[1]
+journal_dir = os.environ["CARBONFLOW_POWER_JOURNAL_DIR"]
+for path in glob.glob(os.path.join(journal_dir, "*.json")):
+    try:
+        if attack == "rename":
+            os.rename(path, path + ".moved")
+        elif attack == "remove":
+            os.remove(path)
+        elif attack == "overwrite":
+            open(path, "w").write('{"format_version": 2, "gpu_uuid": "GPU-elsewhere", "previous_w": 100}')
+        elif attack == "move_dir":
+            os.rename(journal_dir, journal_dir + ".moved")
+    except OSError:
+        pass
+while True:
+    time.sleep(0.2)
+"""
+
+
+def k8s_restore_pod_with_a_moved_journal(rng: random.Random, root: Path, attack: str | None = None) -> FaultOutcome:
+    """The job tries to move its power journal where the restore pod will not find it — through its env
+    (POD_NAME, the journal directory: refused before any pod starts) or, as the pod's user, by renaming,
+    removing or overwriting it — then the pod is SIGKILLed: the restore pod must still put the GPU back."""
+    from fake_gpu_node import CAN_DROP_USERS
+    from pydantic import ValidationError
+
+    from carbonflow.models import JobSpec
+
+    attacks = ["env:POD_NAME", "env:CARBONFLOW_POWER_JOURNAL_DIR"]
+    if CAN_DROP_USERS:  # the command runs as the pod's training user only when the wrapper can drop to it
+        attacks += ["rename", "remove", "overwrite", "move_dir"]
+    attack = attack or rng.choice(attacks)
+    if attack.startswith("env:"):
+        try:
+            JobSpec(name="moved", command=["python", "train.py"], steps=10, region="GB", env={attack[4:]: "elsewhere"})
+        except ValidationError:
+            return FaultOutcome()
+        return FaultOutcome(power_limits_left_lowered=1)  # accepted: the restore pod would miss its journal
+    with _cluster(rng) as (node, _, api, backend, host_gpu):
+        script = node.base / "move_journal.py"
+        script.write_text(MOVE_JOURNAL)
+        script.chmod(0o644)
+        handle, _ = _pod_lowered_then_killed(rng, node, api, backend, host_gpu, _limit(rng),
+                                             ["python", str(script), attack])  # fmt: skip
+        with contextlib.suppress(Exception):
+            backend.collect(handle)
+        return FaultOutcome(power_limits_left_lowered=node.node.lowered())
+
+
 KINDS: dict[str, Callable[[random.Random, Path], FaultOutcome]] = {
     "wrapper_sigterm": _signal_wrapper(signal.SIGTERM),
     "wrapper_sigint": _signal_wrapper(signal.SIGINT),
@@ -195,6 +509,14 @@ KINDS: dict[str, Callable[[random.Random, Path], FaultOutcome]] = {
     "restore_without_zeusd_unprivileged": _restore(through_zeusd=False),
     "stale_journal_then_run_without_limit": _stale_journal(2),
     "stale_0_1_0_journal_then_run_without_limit": _stale_journal(1),
+    "mlflow_refusing_while_logging": _outage(hanging=False),
+    "mlflow_hanging_while_logging": _outage(hanging=True),
+    "trainer_gone_before_logging": trainer_gone_before_logging,
+    "task_retried_after_logging": task_retried_after_logging,
+    "dag_run_cleared": dag_run_cleared,
+    "k8s_pod_sigkill": _k8s_kill(agent_down_during_restore=False),
+    "k8s_node_agent_unreachable_during_restore": _k8s_kill(agent_down_during_restore=True),
+    "k8s_restore_pod_with_a_moved_journal": k8s_restore_pod_with_a_moved_journal,
 }
 
 
@@ -213,7 +535,8 @@ def run(per_kind: int, seed: int, kinds: list[str] | None = None) -> dict:
             if any(asdict(outcome).values()):
                 failures[f"{kind}#{i}"] = asdict(outcome)
     return {
-        "label": "fault injection on a fake NVML node and fake zeusd (the wrapper and restore are the real code)",
+        "label": "fault injection on a fake NVML node and fake zeusd (the wrapper and restore are the real code) "
+        "and on run records logged to a real MLflow store (SQLite) through the real logger, spool and held records",
         "seed": seed,
         "faults_injected": sum(by_kind.values()),
         "by_kind": by_kind,

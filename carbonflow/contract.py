@@ -44,6 +44,11 @@ GPU_INDEX_MAP_ENV = "CARBONFLOW_GPU_INDEX_MAP"
 """JSON file mapping GPU UUID → host NVML index (zeusd's numbering), written on the node's host."""
 GPU_WAIT_ENV = "CARBONFLOW_GPU_WAIT_S"
 """How long a wrapper waits for a GPU lease before it fails (seconds)."""
+TRAINING_UID_ENV = "CARBONFLOW_TRAINING_UID"
+TRAINING_GID_ENV = "CARBONFLOW_TRAINING_GID"
+"""Run the training as this user (and group), without the wrapper's supplementary groups: set on shared nodes
+so that the user's command can reach neither zeusd's socket (root-owned, mode 660) nor the power-limit
+journals, while the wrapper (root in its container) can. Needs the wrapper to run as root."""
 
 CARBONFLOW_PREFIX = "CARBONFLOW_"
 """Every variable with this prefix is carbonflow's own."""

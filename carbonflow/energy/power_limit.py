@@ -55,6 +55,8 @@ from carbonflow.energy.errors import (
 )
 from carbonflow.energy.lease import GpuLeaseSet, acquire_gpus, carbonflow_state_dir, lease_holder_pid, lease_is_held
 
+RESTORE_FAILED = "POWER LIMIT NOT RESTORED"
+"""How a run's notes start when a limit could not be put back (the session fails the task on it)."""
 logger = logging.getLogger(__name__)
 
 JOURNAL_DIR_ENV = POWER_JOURNAL_DIR_ENV
@@ -159,7 +161,7 @@ class _Restorer:
             if failures:
                 for dev, want, err in failures:
                     msg = (
-                        f"POWER LIMIT NOT RESTORED ({why}) on {dev.describe()}: wanted {want:g} W, "
+                        f"{RESTORE_FAILED} ({why}) on {dev.describe()}: wanted {want:g} W, "
                         f"{err}; after {self.retries} attempts. "
                         + (
                             "Restore later with: python -m carbonflow.energy.power_limit restore "

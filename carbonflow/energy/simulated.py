@@ -379,8 +379,13 @@ class SimulatedSharedGpu(_ClockedGpu):
 
     Each job's speed and power per limit replay its own Zeus workload; while both work, each keeps
     the fraction of its solo speed Gavel measured for their pair on a V100 (``pair_type`` of each
-    spec), and the device draws :data:`SHARED_POWER_FACTOR` × the higher solo power, capped at the
-    limit. While one works it draws that job's solo power; while none works, nothing.
+    spec; :attr:`kept_speeds`, the device's interference model), and the device draws
+    :data:`SHARED_POWER_FACTOR` × the higher solo power, capped at the limit. While one works it draws
+    that job's solo power; while none works, nothing.
+
+    The two trainings it paces run for real on the host's CPUs, which they also share: what the host
+    adds is not the GPU's. The pair's wrapper reports :attr:`kept_speeds` as the pair's kept speeds and
+    measures the host's contention apart (:mod:`carbonflow.execution.shared`).
     """
 
     def __init__(
@@ -410,7 +415,8 @@ class SimulatedSharedGpu(_ClockedGpu):
         self.notes = [
             "simulated shared GPU: "
             + " + ".join(f"{m.workload_key} as {s.pair_type}" for m, s in zip(self.models, specs, strict=True)),
-            f"pair speeds from Gavel's V100 measurements: {self.kept_speeds[0]:.3f} / {self.kept_speeds[1]:.3f}",
+            f"pair speeds from Gavel's V100 measurements: {self.kept_speeds[0]:.3f} / {self.kept_speeds[1]:.3f} "
+            "(the kept speeds reported; this machine's CPU contention is measured apart)",
             f"assumed: a shared GPU draws {SHARED_POWER_FACTOR:g} × the higher solo power, capped at its limit",
         ]
 

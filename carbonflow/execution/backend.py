@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Literal, Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -125,3 +126,24 @@ def run_shared_to_completion(backend: Backend, request: SharedRequest, options: 
 def handle_age_s(handle: RunHandle, now: datetime | None = None) -> float:
     """Seconds since the run started."""
     return ((now or utcnow()) - handle.started_at).total_seconds()
+
+
+BACKENDS = ("local", "kubernetes")
+
+
+def make_backend(name: str, workdir: Path, kubernetes: dict[str, Any] | None = None) -> Backend:
+    """The execution backend called ``name``: ``local`` processes or ``kubernetes`` pods/jobs."""
+    if name == "local":
+        from carbonflow.execution.local import LocalBackend
+
+        return LocalBackend(workdir)
+    if name == "kubernetes":
+        from carbonflow.execution.k8s_manifests import KubernetesSettings
+        from carbonflow.execution.kubernetes import KubernetesBackend
+
+        if not kubernetes:
+            return KubernetesBackend.from_env()  # $CARBONFLOW_K8S_SETTINGS, in-cluster or kubeconfig
+        options = dict(kubernetes)
+        connection = {k: options.pop(k) for k in ("config_file", "context", "in_cluster") if k in options}
+        return KubernetesBackend(KubernetesSettings.model_validate(options), **connection)
+    raise ValueError(f"backend={name!r} is not allowed; use one of {', '.join(BACKENDS)}")

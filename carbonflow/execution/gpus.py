@@ -13,9 +13,10 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from carbonflow.contract import GPU_WAIT_ENV
+from carbonflow.contract import GPU_WAIT_ENV, TRAINING_GID_ENV, TRAINING_UID_ENV, ZEUSD_SOCK_ENV
 from carbonflow.energy.errors import GpuLeaseUnavailable
 from carbonflow.energy.lease import GpuLeaseSet, acquire_gpus
 from carbonflow.execution.errors import GpuUnavailable
@@ -59,6 +60,38 @@ def pinned_env(env: dict[str, str], gpus: Sequence[Any]) -> dict[str, str]:
     if durable:
         env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(durable)}
     return env
+
+
+def training_owner() -> tuple[int, int] | None:
+    """(uid, gid) the training runs as, from ``$CARBONFLOW_TRAINING_UID`` / ``_GID``; None: the wrapper's own."""
+    raw = os.environ.get(TRAINING_UID_ENV)
+    if not raw:
+        return None
+    try:
+        uid = int(raw)
+        gid = int(os.environ.get(TRAINING_GID_ENV) or raw)
+    except ValueError:
+        raise ValueError(
+            f"{TRAINING_UID_ENV}={raw!r} / {TRAINING_GID_ENV} must be numeric user and group ids"
+        ) from None
+    if os.geteuid() != 0:
+        raise PermissionError(
+            f"{TRAINING_UID_ENV}={uid} needs the wrapper to run as root (it drops to that user for the training); "
+            f"it runs as uid {os.geteuid()}"
+        )
+    return uid, gid
+
+
+def drop_privileges_for_training(env: dict[str, str], writable: list[Path]) -> dict[str, str]:
+    """When the training runs as another user: give it ``writable`` (its run folder, output) and tell the guard;
+    the training's environment loses the zeusd socket path (the socket's mode keeps it out anyway)."""
+    owner = training_owner()
+    if owner is None:
+        return env
+    for folder in writable:
+        os.chown(folder, *owner)
+    env = {k: v for k, v in env.items() if k != ZEUSD_SOCK_ENV}
+    return {**env, "CARBONFLOW_GUARD_UID": str(owner[0]), "CARBONFLOW_GUARD_GID": str(owner[1])}
 
 
 def start_child(

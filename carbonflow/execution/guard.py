@@ -6,7 +6,9 @@ any signal, SIGKILL included — and then SIGKILLs the whole group: the training
 started (data-loader workers, ``torchrun`` ranks), not only the direct child. It holds the wrapper's GPU
 leases for as long as anything of the training may still run, so a retry waits for them instead of
 training beside them. A SIGTERM that the wrapper sends the group on purpose (a graceful stop) is left to
-the training; the guard only waits for it and passes on its exit status.
+the training; the guard only waits for it and passes on its exit status. On shared nodes the guard starts
+the training as an unprivileged user without supplementary groups (``$CARBONFLOW_TRAINING_UID``): the
+user's command then cannot reach zeusd's socket or the power-limit journals that the wrapper uses.
 
 Imports only the standard library: it starts in milliseconds.
 """
@@ -40,7 +42,9 @@ def main(argv: list[str]) -> int:
     if os.getppid() != parent:
         os.killpg(0, signal.SIGKILL)
     inherited = tuple(int(fd) for fd in os.environ.pop("CARBONFLOW_GUARD_FDS", "").split(",") if fd)
-    child = subprocess.Popen(command, pass_fds=inherited, preexec_fn=_default_signals)
+    uid, gid = os.environ.pop("CARBONFLOW_GUARD_UID", ""), os.environ.pop("CARBONFLOW_GUARD_GID", "")
+    as_user = {"user": int(uid), "group": int(gid), "extra_groups": []} if uid else {}
+    child = subprocess.Popen(command, pass_fds=inherited, preexec_fn=_default_signals, **as_user)
     while True:
         try:
             return child.wait()

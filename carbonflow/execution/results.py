@@ -22,7 +22,7 @@ def energy_intervals(run: WrappedRun, time_shift_s: float = 0.0) -> list[tuple[d
     another clock (the replay demo maps wall time onto a replayed date).
     """
     shift = timedelta(seconds=time_shift_s)
-    total_j = sum(d.energy_j * d.share for d in run.devices)
+    total_j = sum(d.energy_j for d in run.devices)  # energy_j is already this job's share of a shared device
     intervals: list[tuple[datetime, datetime, float]] = []
     if run.power_trace_csv and Path(run.power_trace_csv).exists():
         intervals = _trace_intervals(Path(run.power_trace_csv))
@@ -73,8 +73,9 @@ def to_run_result(
     """
     intervals = energy_intervals(run, time_shift_s)
     emissions = emissions_g(intervals, intensity_points or [], fallback_gco2_per_kwh)
-    energy_gpu_j = sum(d.energy_j * d.share for d in run.devices if d.kind == "gpu")
-    energy_cpu_j = sum(d.energy_j * d.share for d in run.devices if d.kind == "cpu")
+    # A shared device's energy_j is already the job's part (``share`` says which part): not multiplied again.
+    energy_gpu_j = sum(d.energy_j for d in run.devices if d.kind == "gpu")
+    energy_cpu_j = sum(d.energy_j for d in run.devices if d.kind == "cpu")
     energy_total_j = energy_gpu_j + energy_cpu_j
     mean_intensity = emissions / (energy_total_j / 3.6e6) if energy_total_j > 0 else 0.0
     notes = list(run.notes)

@@ -12,6 +12,15 @@ job whose kept speed is below its ``min_kept_speed`` (the planner's bound) separ
 second job is stopped and reported ``separated``; the caller runs it alone. Pair profiling
 (``profile_steps``) runs both just long enough to measure each job's kept speed and the device's
 power, then stops both. Power limits are restored on every exit path, as in ``carbonflow run``.
+
+Kept speeds on a simulated GPU. The two trainings run for real on the host's CPUs while the simulated
+device paces them (:class:`~carbonflow.energy.simulated.SimulatedSharedGpu`, Gavel's V100 pair speeds), so
+their observed speed together is the device's kept speed × what the host's CPUs allowed. The kept speeds
+the pair reports — and the early-observation check, the energy split and the planner use — are then the
+simulated device's own (its interference model); the host's share is measured apart as each job's
+``host_pace`` (observed pace / the pace the simulated device prescribes; 1.0 = no host-CPU contention) and
+said in a note labelled as such, never mixed into the GPU's figures. On a real GPU the observed kept
+speeds are the truth and are used as they are.
 """
 
 from __future__ import annotations
@@ -44,11 +53,25 @@ from carbonflow.execution.wrapper import (
     training_env,
 )
 from carbonflow.models import JobSpec, Plan, utcnow
+from carbonflow.tracking.schema import (
+    M_HOST_PACE_FRACTION,
+    M_KEPT_SPEED_FRACTION,
+    M_SHARED_GPU_S,
+    M_SHARING_ENERGY_J,
+    M_SHARING_LOST_S,
+)
 
 log = logging.getLogger(__name__)
 
 SEPARATED_EXIT_CODE = 75
 """Exit code reported for a job the early-observation check separated from its pair (EX_TEMPFAIL)."""
+
+KEPT_FROM_DEVICE = "simulated GPU's interference model (Gavel's V100 pair speeds)"
+"""``SharedRun.kept_speeds_source`` on a simulated GPU."""
+
+# What the pair wrapper adds to each member's metrics, under the names tracking's schema documents (kept speed,
+# host pace, seconds shared, time and energy sharing cost). The planner learns a co-located run's solo-equivalent
+# cost from them: its measured duration minus ``sharing_lost_s``, its energy minus ``sharing_energy_j``.
 
 
 class SharedMember(BaseModel):
@@ -81,7 +104,19 @@ class SharedRun(BaseModel):
     members: list[WrappedRun]
     overlap_s: float = 0.0
     overlap_energy_j: float = Field(default=0.0, description="energy of every device (GPU + CPU) while both worked")
-    kept_speeds: list[float | None] = Field(description="observed throughput together / solo, per job")
+    kept_speeds: list[float | None] = Field(
+        description="fraction of its solo speed each job kept while both worked: observed on a real GPU; on a "
+        "simulated GPU the device's interference model (host-CPU contention is in host_pace, not here)"
+    )
+    kept_speeds_source: str = Field(default="observed", description="where kept_speeds come from")
+    observed_kept_speeds: list[float | None] = Field(
+        default_factory=list, description="observed throughput together / solo, per job (the host's too)"
+    )
+    host_pace: list[float | None] = Field(
+        default_factory=list,
+        description="simulated GPU only: observed pace / the pace the simulated device prescribes, per job "
+        "(1.0 = the host's CPUs kept up; below 1: host-CPU contention)",
+    )
     shares: list[float] = Field(description="each job's share of the GPU energy while both worked")
     separated: list[str] = Field(default_factory=list)
     label: str = "measured"
@@ -116,17 +151,41 @@ class _Member:
         self.mark: tuple[int, float, int] | None = None  # (step, t_s, samples) when measuring together began
         self.together: tuple[float, int] = (0.0, 0)  # seconds and samples measured together
         self.separated = False
+        self.device_kept: float | None = None  # a simulated GPU's kept speed for this job (None: a real GPU)
+        self.phase_samples = 0  # samples done when the current phase began
+        self.samples_shared = 0  # samples done while both worked
+
+    def device_shared_s(self, kept: float | None) -> float | None:
+        """The GPU's time for the work done while both worked: those samples at the solo speed × the kept speed."""
+        solo = self.spec.solo_throughput_samples_per_s
+        if solo is None or kept is None or kept <= 0:
+            return None
+        return self.samples_shared / (solo * kept)
 
     @property
     def running(self) -> bool:
         return self.child is not None and self.exit_code is None
 
-    def kept_speed(self) -> float | None:
+    def observed_kept_speed(self) -> float | None:
+        """Throughput while both worked over the solo throughput (on a simulated GPU: the host's CPUs included)."""
         seconds, samples = self.together
         solo = self.spec.solo_throughput_samples_per_s
         if solo is None or seconds <= 0 or samples <= 0:
             return None
         return min(samples / seconds / solo, 1.0)
+
+    def kept_speed(self) -> float | None:
+        """The kept speed the pair reports: the simulated device's own, else the observed one."""
+        if self.device_kept is not None:
+            return self.device_kept if self.observed_kept_speed() is not None else None
+        return self.observed_kept_speed()
+
+    def host_pace(self) -> float | None:
+        """Simulated GPU only: observed kept speed / the device's (below 1: host-CPU contention)."""
+        observed = self.observed_kept_speed()
+        if self.device_kept is None or observed is None:
+            return None
+        return observed / self.device_kept
 
 
 def _shared_device(members: list[SharedMember]) -> tuple[Any, GpuLeaseSet | None]:
@@ -170,6 +229,9 @@ def _run_shared_on(
     monitor = EnergyMonitor(devices)
     workdir = Path(tempfile.mkdtemp(prefix="carbonflow-shared-"))
     members = [_Member(i, m, workdir) for i, m in enumerate(request.members)]
+    if simulated:
+        for m in members:
+            m.device_kept = float(gpu.kept_speeds[m.index])
     phases: list[tuple[tuple[int, ...], Measurement]] = []
     notes: list[str] = []
     received: list[int] = []
@@ -189,7 +251,14 @@ def _run_shared_on(
             for m in members:
                 m.slowdown_file.write_text(f"{gpu.member_slowdown_factor(m.index):.6f}", encoding="utf-8")
 
+    def count_phase_samples(previous: tuple[int, ...]) -> None:
+        for m in members:
+            if len(previous) == 2:
+                m.samples_shared += max(m.progress.samples - m.phase_samples, 0)
+            m.phase_samples = m.progress.samples
+
     def new_phase(previous: tuple[int, ...]) -> None:
+        count_phase_samples(previous)
         phases.append((previous, monitor.end_window("phase")))
         monitor.begin_window("phase")
         tell_simulated_gpu()
@@ -240,7 +309,9 @@ def _run_shared_on(
                 last = active_set()
                 _close_together(members)
                 for m in members:
+                    m.progress.poll()
                     m.active = False
+                count_phase_samples(last)
                 phases.append((last, monitor.end_window("phase")))
                 total = monitor.end_window("run")
                 if simulated:
@@ -311,9 +382,12 @@ def _observe(members: list[_Member], request: SharedRequest, state: dict[str, bo
         solo, bound = m.spec.solo_throughput_samples_per_s, m.spec.min_kept_speed
         if solo is None or bound is None or m.mark is None or m.progress.last is None:
             continue
-        seconds = m.together[0] + m.progress.last[0] - m.mark[1]
-        samples = m.together[1] + m.progress.last[1] - m.mark[2]
-        kept = samples / seconds / solo if seconds > 0 else 1.0
+        if m.device_kept is not None:  # a simulated GPU: its own interference model, not the host's CPUs
+            kept = m.device_kept
+        else:
+            seconds = m.together[0] + m.progress.last[0] - m.mark[1]
+            samples = m.together[1] + m.progress.last[1] - m.mark[2]
+            kept = samples / seconds / solo if seconds > 0 else 1.0
         if kept < bound:
             second = members[-1]
             notes.append(
@@ -323,6 +397,47 @@ def _observe(members: list[_Member], request: SharedRequest, state: dict[str, bo
             second.separated = True
             _stop_child(second.child)  # type: ignore[arg-type]
             return
+
+
+def _two(values: list[float | None]) -> str:
+    return " / ".join("–" if v is None else f"{v:.2f}" for v in values)
+
+
+def contention_note(pace: list[float | None], observed: list[float | None], kept: list[float | None]) -> str:
+    """What the host's CPUs did to a pair on a simulated GPU, labelled apart from the GPU's own kept speeds."""
+    return (
+        f"host-CPU contention (this machine, not the simulated GPU): the two real trainings kept {_two(pace)} of "
+        f"the pace the simulated GPU prescribes (observed kept speeds {_two(observed)}); kept speeds, the energy "
+        f"split and the early-observation check use the simulated GPU's own {_two(kept)}"
+    )
+
+
+def _sharing_metrics(
+    kept: float | None,
+    pace: float | None,
+    solo_power_w: float | None,
+    shared_s: float,
+    charged_j: float,
+    device_s: float | None = None,
+) -> dict[str, float]:
+    """A member's sharing figures (see ``M_*`` above); none when its kept speed is unknown.
+
+    They are taken over ``device_s``, the GPU's time for the work the job did while both worked (its samples then at
+    its solo speed × the kept speed): not the ``shared_s`` both processes were up, which also holds what the GPU's
+    sharing did not cause — the host's CPUs (on a simulated GPU), warm-up, evaluation — and which stays in the
+    run's other figures, as it does on every run. Without ``device_s``: ``shared_s`` × the host's pace (at most 1).
+    """
+    if kept is None:
+        return {}
+    if device_s is None:
+        device_s = shared_s * min(pace, 1.0) if pace is not None else shared_s
+    device_s = min(device_s, shared_s)
+    out = {M_KEPT_SPEED_FRACTION: kept, M_SHARED_GPU_S: shared_s, M_SHARING_LOST_S: (1.0 - kept) * device_s}
+    if pace is not None:
+        out[M_HOST_PACE_FRACTION] = pace
+    if solo_power_w is not None and shared_s > 0:
+        out[M_SHARING_ENERGY_J] = (charged_j / shared_s - solo_power_w * kept) * device_s
+    return out
 
 
 def _account(
@@ -339,6 +454,11 @@ def _account(
     from carbonflow.energy.accounting import SoloProfile, device_energies, shared_gpu_shares
 
     kept = [m.kept_speed() for m in members]
+    observed = [m.observed_kept_speed() for m in members]
+    pace = [m.host_pace() for m in members]
+    simulated = any(m.device_kept is not None for m in members)
+    if simulated and all(p is not None for p in pace):
+        notes.append(contention_note(pace, observed, kept))
     solo_power = [m.spec.solo_power_w for m in members]
     if all(k is not None for k in kept) and all(p is not None for p in solo_power):
         shares_map = shared_gpu_shares(
@@ -349,6 +469,7 @@ def _account(
         shares = [0.5, 0.5]
         notes.append("shared GPU split equally: a solo profile or an observed speed was missing")
     charged = [{dev_id: 0.0 for dev_id in total.energy_j} for _ in members]
+    charged_together = [0.0 for _ in members]
     overlap_s = overlap_j = 0.0
     for active, measured in phases:
         if not active:  # start-up and shut-down: nobody's work, charged to both equally
@@ -363,6 +484,7 @@ def _account(
             else:
                 for i in active:
                     charged[i][dev_id] += joules * shares[i]
+                    charged_together[i] += joules * shares[i]
         if len(active) == 2:
             overlap_s += measured.elapsed_s
             overlap_j += sum(measured.energy_j.values())
@@ -382,18 +504,23 @@ def _account(
         member_notes = [*notes, *gpu.notes] if m.index == 0 else list(notes)
         if m.separated:
             member_notes.append("separated from its pair after early observation; run it alone")
+        sharing = _sharing_metrics(kept[m.index], pace[m.index], solo_power[m.index], overlap_s,
+                                   charged_together[m.index], m.device_shared_s(kept[m.index]))  # fmt: skip
         run = WrappedRun(
                 job=m.spec.job.name, config_key=m.spec.plan.config.key(), started_at=m.started_at,
                 ended_at=m.ended_at, duration_s=m.duration_s, exit_code=exit_code, devices=per_device,
                 steps=m.progress.step, samples=m.progress.samples,
                 throughput_samples_per_s=m.progress.samples / m.duration_s if m.duration_s > 0 else 0.0,
-                metrics=m.progress.metrics, power_limit_applied=applied, power_limit_w=request.power_limit_w,
+                metrics={**m.progress.metrics, **sharing}, power_limit_applied=applied,
+                power_limit_w=request.power_limit_w,
                 notes=member_notes, power_trace_csv=request.trace_csv, output_dir=str(m.output_dir),
         )  # fmt: skip
         runs.append(run)
     return SharedRun(
         members=runs, overlap_s=overlap_s, overlap_energy_j=overlap_j, kept_speeds=kept, shares=shares,
-        separated=[m.spec.job.name for m in members if m.separated], label=gpu.label, notes=notes,
+        kept_speeds_source=KEPT_FROM_DEVICE if simulated else "observed", observed_kept_speeds=observed,
+        host_pace=pace if simulated else [], separated=[m.spec.job.name for m in members if m.separated],
+        label=gpu.label, notes=notes,
     )  # fmt: skip
 
 

@@ -9,6 +9,7 @@ energy over time into emissions.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -30,7 +31,7 @@ from carbonflow.energy.monitor import EnergyMonitor, PowerSampler
 from carbonflow.energy.power_limit import applied_power_limit
 from carbonflow.execution.commands import work_env
 from carbonflow.execution.errors import GPU_UNAVAILABLE_EXIT, GpuUnavailable
-from carbonflow.execution.gpus import lease_run_gpus, pinned_env, start_child
+from carbonflow.execution.gpus import drop_privileges_for_training, lease_run_gpus, pinned_env, start_child
 from carbonflow.models import Config, DeviceEnergy, JobSpec, Plan, UtcDatetime, utcnow
 from carbonflow.training import (
     MAX_STEPS_ENV,
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.02
 RESULT_LINE_PREFIX = "CARBONFLOW_RESULT"
+SHORT_WINDOW = "measured window cut short"
+"""Starts a run's note when a profiled configuration was measured over less than it asked (steps or seconds)."""
 
 
 class Terminated(Exception):
@@ -63,6 +66,10 @@ class MeasuredWindow(BaseModel):
     energy_j: dict[str, float] = Field(description="energy per device over the energy window")
     energy_window_s: float = Field(description="length of the energy window")
     label: str = ""
+    step_time_cv: float | None = Field(
+        default=None, description="spread of the window's step times (standard deviation / mean); None: < 3 steps"
+    )
+    steps: int = Field(default=0, description="progress reports inside the window")
 
 
 class WrappedRun(BaseModel):
@@ -101,6 +108,7 @@ class _Progress:
         self.samples = 0
         self.metrics: dict[str, float] = {}
         self.last: tuple[float, int] | None = None
+        self.reports: list[tuple[int, float, int]] = []  # (step, t_s, samples) as the training wrote them
 
     def poll(self) -> None:
         if not self.path.exists():
@@ -122,6 +130,24 @@ class _Progress:
             self.samples = int(line.get("samples", self.samples))
             self.metrics.update({k: float(v) for k, v in (line.get("metrics") or {}).items()})
             self.last = (float(line.get("t_s", time.monotonic())), self.samples)
+            self.reports.append((self.step, self.last[0], self.samples))
+
+    def step_time_cv(self, t0: float, t1: float) -> float | None:
+        """The spread (standard deviation / mean) of the seconds per step the training reported in [t0, t1]."""
+        inside = [(s, t) for s, t, _ in self.reports if t0 <= t <= t1]
+        per_step = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in itertools.pairwise(inside) if b[0] > a[0]]
+        if len(per_step) < 2:
+            return None
+        mean = sum(per_step) / len(per_step)
+        variance = sum((x - mean) ** 2 for x in per_step) / (len(per_step) - 1)
+        return variance**0.5 / mean if mean > 0 else None
+
+    def reports_between(self, t0: float, t1: float) -> int:
+        return sum(1 for _, t, _ in self.reports if t0 <= t <= t1)
+
+    def since(self, step: int) -> tuple[float, int] | None:
+        """The training's own (t_s, samples) at its first report at or after ``step``."""
+        return next(((t, n) for s, t, n in self.reports if s >= step), None)
 
 
 class _Sweep:
@@ -304,6 +330,7 @@ def _run_on(
         plan.config, profile=sweep is not None,
     )  # fmt: skip
     env = pinned_env(env, gpus)
+    env = drop_privileges_for_training(env, [workdir, out_dir])
     command = [word.replace("{output_dir}", str(out_dir)) for word in command]
     cwd = _working_dir(spec)
     print(f"carbonflow run: {shlex.join(command)} (in {cwd or os.getcwd()}, interpreter {sys.executable})",
@@ -362,9 +389,11 @@ def _run_on(
                 if child is not None and child.poll() is None:
                     _stop_child(child)
                     exit_code = child.returncode if child.returncode is not None else -signal.SIGTERM
-                if sweep is not None and sweep.open_at is not None:
+                if sweep is not None and not sweep.done and (sweep.open_at is not None or not sweep.windows):
                     _close_at_exit(sweep, progress, monitor, notes)
                 total = monitor.end_window("run")
+                if sweep is not None:
+                    _energy_from_run(sweep.windows, total, notes)
                 _set_busy(gpus, False)
                 if sampler:
                     sampler.__exit__(None, None, None)
@@ -465,7 +494,8 @@ def _close_window(sweep: _Sweep, progress: _Progress, monitor: EnergyMonitor) ->
     (t0, s0), (t1, s1) = sweep.open_at, progress.last  # type: ignore[misc]
     window = MeasuredWindow(
         power_limit_w=sweep.limit_w, samples=s1 - s0, window_s=max(t1 - t0, 0.0), energy_j=dict(energy.energy_j),
-        energy_window_s=energy.elapsed_s,
+        energy_window_s=energy.elapsed_s, step_time_cv=progress.step_time_cv(t0, t1),
+        steps=progress.reports_between(t0, t1),
     )  # fmt: skip
     sweep.windows.append(window)
     sweep.open_at = None
@@ -473,18 +503,47 @@ def _close_window(sweep: _Sweep, progress: _Progress, monitor: EnergyMonitor) ->
 
 
 def _close_at_exit(sweep: _Sweep, progress: _Progress, monitor: EnergyMonitor, notes: list[str]) -> None:
-    """The training ended with a window open: keep it when it holds the measured steps (shorter than asked)."""
+    """The training ended mid-phase: keep what it measured of this phase.
+
+    A job shorter than the profile budget, or whose steps outran the wrapper's polling, still gives a
+    window: from the training's own first report after warm-up (the plain warm-up when the job ended before
+    the longer first-phase one) to its last report. Its energy is the measured window's when that covers
+    it, else the run's mean power (:func:`_energy_from_run`).
+    """
     progress.poll()
-    measure_from = sweep.phase_start_step + sweep.warmup_for_phase()
-    if progress.last is not None and progress.step >= measure_from + sweep.profile_steps:
-        window = _close_window(sweep, progress, monitor)
+    energy = monitor.end_window("measured") if sweep.open_at is not None else None
+    opened_at, sweep.open_at = sweep.open_at, None
+    start = progress.since(sweep.phase_start_step + sweep.warmup_for_phase()) or progress.since(
+        sweep.phase_start_step + sweep.warmup_steps
+    )
+    if start is None or progress.last is None or progress.last[0] <= start[0]:
+        return
+    (t0, s0), (t1, s1) = start, progress.last
+    covered = energy is not None and opened_at is not None and opened_at[0] <= t0
+    window = MeasuredWindow(
+        power_limit_w=sweep.limit_w, samples=s1 - s0, window_s=t1 - t0,
+        energy_j=dict(energy.energy_j) if covered else {}, energy_window_s=energy.elapsed_s if covered else 0.0,
+        step_time_cv=progress.step_time_cv(t0, t1), steps=progress.reports_between(t0, t1),
+    )  # fmt: skip
+    sweep.windows.append(window)
+    if progress.step < sweep.phase_start_step + sweep.warmup_for_phase() + sweep.profile_steps or (
+        window.window_s < sweep.min_window_s
+    ):
         notes.append(
-            f"the training ended {window.window_s:.2f} s into the measured window at {window.power_limit_w} W "
-            f"(asked: at least {sweep.min_window_s:g} s); kept, with its {window.samples} samples"
+            f"{SHORT_WINDOW}: the training ended {window.window_s:.2f} s into it at {window.power_limit_w} W "
+            f"(asked: {sweep.profile_steps} steps, at least {sweep.min_window_s:g} s); kept, with its "
+            f"{window.samples} samples"
         )
-    else:
-        monitor.end_window("measured")
-        sweep.open_at = None
+
+
+def _energy_from_run(windows: list[MeasuredWindow], total: Any, notes: list[str]) -> None:
+    """A window whose energy reading covers too little of it (opened late) takes the run's mean power instead."""
+    for window in windows:
+        if window.window_s > 0 and window.energy_window_s < 0.5 * window.window_s and total.elapsed_s > 0:
+            window.energy_j = dict(total.energy_j)
+            window.energy_window_s = total.elapsed_s
+            notes.append(f"{SHORT_WINDOW}: the window at {window.power_limit_w} W was shorter than one energy reading: "
+                         "its energy is the run's mean power over its length")  # fmt: skip
 
 
 def _silent_too_long(progress: _Progress, start_s: float, timeout_s: float) -> bool:

@@ -13,5 +13,5 @@ Modules (import them directly; this package imports nothing heavy so DAG parsing
     history.job_history(jobs) -> carbonflow.planning.learning.JobHistory
     history.recurrence_index(job) -> int
     spool.replay_spool(tracking_uri=None) -> int      # outage spool under <home>/spool, idempotent replay
-    report.build_report(job, *, tracking_uri=None, png_path) -> ReportData; report.render_table(data)
+    report.build_report(job, *, tracking_uri=None, png_path=None) -> ReportData; report.render_table(data)
 """

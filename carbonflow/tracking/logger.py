@@ -92,8 +92,11 @@ def training_record(
     model_path: Path | None = None,
     idempotency_key: str | None = None,
     provenance: dict[str, str] | None = None,
+    would_have: Plan | None = None,
 ) -> RunRecord:
     """The complete MLflow record of one training run (artifacts rendered into ``workdir``).
+
+    ``would_have``: an observe-only run's plan, the one carbonflow would have run (logged beside what ran).
 
     ``provenance``: the Airflow context the run came from (``carbonflow.dag_id``, ``carbonflow.dag_run_id``,
     ``carbonflow.task_id``, ``carbonflow.run_kind``), added to the run's tags.
@@ -127,6 +130,9 @@ def training_record(
             plan.baseline.predicted_emissions_g if plan.baseline is not None else None
         ),
     }
+    if would_have is not None:
+        optional[schema.M_WOULD_HAVE_PREDICTED_ENERGY_J] = would_have.predicted_energy_j
+        optional[schema.M_WOULD_HAVE_PREDICTED_EMISSIONS_G] = would_have.predicted_emissions_g
     metrics.update({k: v for k, v in optional.items() if v is not None})
     for name, value in result.metrics.items():  # training metrics (test_accuracy, loss, ...) as reported
         metrics.setdefault(name, float(value))
@@ -204,8 +210,12 @@ def training_record(
         schema.T_MODEL_REGISTERED: "true" if register is not None else "false",
         schema.T_MODEL_REGISTRY_NOTE: registry_note,
         schema.T_NOTE: "\n".join([f"Plan: {plan.reason}", *result.notes, *(forecast.notes if forecast else [])]),
+        schema.T_OBSERVE_ONLY: "true" if would_have is not None else "false",
         **tags_extra,
     }
+    if would_have is not None:
+        tags[schema.T_WOULD_HAVE_CONFIG] = would_have.config.key()
+        tags[schema.T_WOULD_HAVE_START] = _iso(would_have.start)
 
     workdir.mkdir(parents=True, exist_ok=True)
     artifacts: list[ArtifactFile] = []
@@ -276,6 +286,7 @@ def log_training_run(
     spool_dir: Path | None = None,
     idempotency_key: str | None = None,
     provenance: dict[str, str] | None = None,
+    would_have: Plan | None = None,
 ) -> TrackingOutcome:
     """Log one training run (schema, plan/result JSON, power trace, Pareto and forecast PNGs, model).
 
@@ -297,6 +308,7 @@ def log_training_run(
             model_path=model_path,
             idempotency_key=idempotency_key,
             provenance=provenance,
+            would_have=would_have,
         )
         return deliver(record, tracking_uri, root=spool_dir)
 

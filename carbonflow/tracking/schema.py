@@ -45,6 +45,12 @@ M_PREDICTED_ENERGY_TOTAL_J = "predicted_energy_total_j"
 M_PREDICTED_EMISSIONS_G = "predicted_emissions_g"
 M_PREDICTED_EMISSIONS_RUN_NOW_DEFAULT_G = "predicted_emissions_run_now_default_g"
 M_EXIT_CODE = "exit_code"
+# a co-located pair's members (written by the pair's wrapper, carbonflow.execution.shared)
+M_KEPT_SPEED_FRACTION = "kept_speed_fraction"
+M_HOST_PACE_FRACTION = "host_pace_fraction"
+M_SHARED_GPU_S = "shared_gpu_s"
+M_SHARING_LOST_S = "sharing_lost_s"
+M_SHARING_ENERGY_J = "sharing_energy_j"
 # profile points
 M_ENERGY_PER_SAMPLE_J = "energy_per_sample_j"
 M_POWER_TOTAL_W = "power_total_w"
@@ -97,6 +103,13 @@ T_RUN_KIND = "carbonflow.run_kind"
 T_SCHEMA_VERSION = "carbonflow.schema_version"
 T_LOGGED_LATE = "carbonflow.logged_late"
 """``true`` when the record reached MLflow after an outage (from the spool or a held XCom record)."""
+T_OBSERVE_ONLY = "carbonflow.observe_only"
+T_WOULD_HAVE_CONFIG = "carbonflow.would_have_config"
+T_WOULD_HAVE_START = "carbonflow.would_have_start"
+M_WOULD_HAVE_PREDICTED_ENERGY_J = "would_have_predicted_energy_total_j"
+M_WOULD_HAVE_PREDICTED_EMISSIONS_G = "would_have_predicted_emissions_g"
+T_HELD_WITHOUT = "carbonflow.held_without"
+"""Files a held record could not carry through the metadata DB (over the size budget), left on the worker."""
 SCHEMA_VERSION = "2"
 """Runs logged by carbonflow 0.1.0 carry no ``carbonflow.schema_version`` (version 1)."""
 T_NOTE = "mlflow.note.content"  # MLflow's run description: plan reason + run notes
@@ -158,6 +171,31 @@ SCHEMA: tuple[SchemaEntry, ...] = (
         "planner's predicted emissions of the run-now-at-default baseline (g)",
     ),
     SchemaEntry(M_EXIT_CODE, "metric", "training", "exit code of the training command (0 = success)"),
+    SchemaEntry(
+        M_KEPT_SPEED_FRACTION,
+        "metric",
+        "training (co-located)",
+        "fraction of its solo speed the job kept while both worked; simulated GPU: the device's model (Gavel)",
+    ),
+    SchemaEntry(
+        M_HOST_PACE_FRACTION,
+        "metric",
+        "training (co-located, simulated GPU)",
+        "host-CPU contention, apart from the GPU: observed pace / the pace the simulated GPU prescribes",
+    ),
+    SchemaEntry(M_SHARED_GPU_S, "metric", "training (co-located)", "seconds both jobs worked on the GPU"),
+    SchemaEntry(
+        M_SHARING_LOST_S,
+        "metric",
+        "training (co-located)",
+        "time lost to sharing: (1 − kept) × the GPU's time for the work done together (simulated: × host pace)",
+    ),
+    SchemaEntry(
+        M_SHARING_ENERGY_J,
+        "metric",
+        "training (co-located)",
+        "energy sharing added over that time: (power charged while both worked − solo power × kept) × time",
+    ),
     SchemaEntry(M_ENERGY_PER_SAMPLE_J, "metric", "profile-point", "energy per training sample (J)"),
     SchemaEntry(M_POWER_TOTAL_W, "metric", "profile-point", "mean power of all devices (W)"),
     # params
@@ -201,6 +239,12 @@ SCHEMA: tuple[SchemaEntry, ...] = (
     SchemaEntry(T_COMPLETE, "tag", "all", "`true` once every field and artifact was written"),
     SchemaEntry(T_SPOOLED, "tag", "all", "`true` when the run was written later from the local spool (outage)"),
     SchemaEntry(T_LOGGED_LATE, "tag", "all", "`true` when the run reached MLflow after an outage"),
+    SchemaEntry(T_OBSERVE_ONLY, "tag", "training", "`true`: observe-only (shadow) run at the current limit, at once"),
+    SchemaEntry(T_WOULD_HAVE_CONFIG, "tag", "training", "observe-only: the configuration carbonflow would have run"),
+    SchemaEntry(T_WOULD_HAVE_START, "tag", "training", "observe-only: the start carbonflow would have chosen"),
+    SchemaEntry(M_WOULD_HAVE_PREDICTED_ENERGY_J, "metric", "training", "observe-only: that plan's predicted energy"),
+    SchemaEntry(M_WOULD_HAVE_PREDICTED_EMISSIONS_G, "metric", "training", "observe-only: its predicted emissions"),
+    SchemaEntry(T_HELD_WITHOUT, "tag", "training", "files a record delivered from XCom left on the worker (too big)"),
     SchemaEntry(T_DAG_ID, "tag", "training", "the Airflow DAG whose task ran the training"),
     SchemaEntry(T_DAG_RUN_ID, "tag", "training", "the Airflow DAG run"),
     SchemaEntry(T_TASK_ID, "tag", "training", "the Airflow task"),

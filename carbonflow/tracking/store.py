@@ -287,3 +287,25 @@ def run_summary(run: Run) -> dict[str, Any]:
         "metrics": dict(run.data.metrics),
         "tags": {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.") or k == schema.T_PARENT_RUN_ID},
     }
+
+
+def completed_run(job: str, key: str, tracking_uri: str | None = None) -> dict[str, Any] | None:
+    """The complete run of ``job`` carrying idempotency key ``key`` (a retry's earlier try logged it), or None.
+
+    None too when the store cannot be reached: the caller then cannot know, and goes on as if not logged.
+    """
+    from carbonflow.tracking.uri import resolve_tracking_uri, short_http_timeouts
+
+    uri = resolve_tracking_uri(tracking_uri)
+    try:
+        with short_http_timeouts():
+            client = client_for(uri)
+            experiment_id = get_experiment_id(client, schema.experiment_name(job))
+            run = find_run_by_key(client, experiment_id, key) if experiment_id else None
+    except Exception as err:
+        log.warning("cannot ask %s whether %s was already logged (%s)", uri, job, err)
+        return None
+    if run is None or run.data.tags.get(schema.T_COMPLETE) != "true" or run.info.status != "FINISHED":
+        return None
+    return {"tracking_uri": uri, "idempotency_key": key, "run_id": run.info.run_id,
+            "experiment_id": experiment_id, "spooled": False}  # fmt: skip

@@ -281,3 +281,15 @@ def test_wrapper_killed_then_restored_from_journal(fake_nvml, journal_dir):
     assert done.returncode == 0, done.stderr
     assert fake_nvml.limits_mw() == before
     assert not list(journal_dir.glob("*.json"))
+
+
+def test_the_restore_command_runs_without_a_double_import_warning():
+    """Before: ``python -m carbonflow.energy.power_limit`` warned (RuntimeWarning) in every restore pod's log,
+    because the package imported the module before runpy ran it."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "carbonflow.energy.power_limit",
+                           "--help"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "RuntimeWarning" not in done.stderr

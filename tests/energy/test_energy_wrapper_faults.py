@@ -11,13 +11,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from carbonflow.models import Config, JobSpec, Plan
+from tests.fakes.node import wait_for as _wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_DIR = Path(__file__).parent / "fake_pynvml"
@@ -56,15 +56,6 @@ def _start(fake_nvml, journal_dir, tmp_path, command: list[str]) -> subprocess.P
          "--result", str(result), "--", *command],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-
-
-def _wait_for(predicate, timeout_s: float = 60.0) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 def _child_command(pid_file: Path) -> list[str]:

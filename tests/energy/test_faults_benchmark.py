@@ -38,3 +38,23 @@ def test_a_broken_recovery_is_counted(tmp_path, monkeypatch):
     monkeypatch.setattr(bench.FakeNode, "restore_cli", lambda self, **kw: never)  # the node agent never restores
     outcome = bench.KINDS["restore_without_zeusd_unprivileged"](random.Random(0), tmp_path)
     assert outcome.power_limits_left_lowered == 1
+
+
+def test_a_lost_run_record_is_counted(tmp_path, monkeypatch):
+    """With the delivery of held records broken, the run of a worker gone before logging counts as lost."""
+    import carbonflow.tracking.held as held
+
+    bench = _bench()
+    monkeypatch.setattr(held, "deliver_held", lambda record, uri=None: "never-delivered")
+    outcome = bench.KINDS["trainer_gone_before_logging"](random.Random(0), tmp_path)
+    assert outcome.runs_lost == 1
+
+
+def test_a_restore_pod_that_does_nothing_is_counted(tmp_path, monkeypatch):
+    """With the Kubernetes restore pod doing nothing, the GPU the killed pod lowered counts as left lowered."""
+    bench = _bench()  # puts tests/kubernetes (the fake Kubernetes API) on the path
+    from fake_kube_api import ContainerOutcome
+
+    monkeypatch.setattr(bench, "_restore_pod", lambda node, host_dir, sock: lambda view: ContainerOutcome())
+    outcome = bench.KINDS["k8s_pod_sigkill"](random.Random(0), tmp_path)
+    assert outcome.power_limits_left_lowered == 1

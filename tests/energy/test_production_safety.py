@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from carbonflow.energy.power_limit import applied_power_limit, gpu_journal_path
 from carbonflow.energy.zeusd import ZeusdClient
 from carbonflow.models import Config, JobSpec, Plan
 from tests.fakes.fake_zeusd import serve_fake_zeusd
+from tests.fakes.node import wait_for as _wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_DIR = Path(__file__).parent / "fake_pynvml"
@@ -84,15 +84,6 @@ def _sleeper(pid_file: Path, seconds: float = 60, grandchild: bool = False) -> l
         f"import os, time; {spawn} {cuda}; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep({seconds})"
     )
     return [sys.executable, "-c", code]
-
-
-def _wait_for(predicate, timeout_s: float = 60.0) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 def _alive(pid: int) -> bool:
@@ -257,3 +248,64 @@ def test_zeusd_is_told_the_host_index_not_the_container_index(fake_nvml, journal
             assert outcome.applied
             assert fake_nvml.limits_mw() == [300000, 175000]  # host GPU 1 only
     assert fake_nvml.limits_mw() == [300000, 300000]
+
+
+def test_a_limit_that_reads_back_wrong_is_put_back_and_the_run_is_told(fake_nvml, journal_dir, tmp_path, monkeypatch):
+    """Before: a read-back that disagreed (zeusd acting on another GPU, or a driver that ignores the call)
+    escaped the apply loop, restore found its own GPU unchanged and deleted the journal. Now the mismatch is
+    caught: every GPU already touched is put back, the limit counts as not applied, and the notes say why."""
+    fake_nvml.setup([{}, {}])
+    host_uuids = [d["uuid"] for d in fake_nvml.state()["devices"]]
+    monkeypatch.setenv("FAKE_NVML_UNPRIVILEGED", "1")
+    with serve_fake_zeusd(fake_nvml.path, tmp_path / "zeusd.sock") as zeusd:
+        zeusd.nvml.host_set_power_limit = lambda *args, **kwargs: None  # the call "succeeds" and changes nothing
+        gpus = nvml_devices(zeusd=ZeusdClient(str(tmp_path / "zeusd.sock")))
+        with applied_power_limit(gpus, 175, journal_dir=journal_dir) as outcome:
+            assert not outcome.applied
+            assert any("reads back 300 W" in note for note in outcome.notes), outcome.notes
+    assert fake_nvml.limits_mw() == [300000, 300000]
+    assert not any(journal_dir.glob("*.json")), "nothing lowered, nothing left to restore"
+    assert [d["uuid"] for d in fake_nvml.state()["devices"]] == host_uuids
+
+
+def test_staleness_is_judged_by_the_gpu_lease_not_by_a_pid(fake_nvml, journal_dir, tmp_path, monkeypatch):
+    """Before: a journal was live while *some* process had its PID, so a recycled PID kept a GPU lowered forever.
+
+    Now a format-2 journal is live only while its GPU's lease is held: a journal naming a living, unrelated
+    PID (this test's own) is repaired; one whose GPU is leased is left to the wrapper that holds the lease.
+    """
+    from carbonflow.energy.lease import acquire_gpus
+    from carbonflow.energy.power_limit import restore_stale_journals, stale_journals
+
+    monkeypatch.setenv("CARBONFLOW_GPU_LEASE_DIR", str(tmp_path / "leases"))
+    fake_nvml.setup([{}, {}])
+    uuids = [_leave_lowered_with_journal(fake_nvml, journal_dir, i, 150000) for i in (0, 1)]
+    for path in journal_dir.glob("*.json"):  # both journals name a living process: this one
+        path.write_text(json.dumps({**json.loads(path.read_text()), "pid": os.getpid()}))
+    with acquire_gpus([uuids[1]], 1):  # GPU 1 is leased by a run in progress
+        assert [p.name for p in stale_journals(journal_dir)] == [gpu_journal_path(journal_dir, uuids[0]).name]
+        restore_stale_journals(journal_dir, nvml_devices(all_devices=True))
+        assert fake_nvml.limits_mw() == [300000, 150000], "the recycled PID's GPU is restored, the leased one kept"
+    assert gpu_journal_path(journal_dir, uuids[1]).exists()
+
+
+def test_the_journal_home_is_on_a_volume_in_docker_compose():
+    """Before: the journal's default home was inside the container, so a restarted container forgot it.
+
+    Every compose service that can set power limits (it reaches zeusd) keeps its journals and GPU leases
+    in a named volume, where the restarted service finds and repairs them. Read from the file itself, so
+    this holds without the docker-compose binary.
+    """
+    import yaml
+
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    named = set(compose.get("volumes") or {})
+    setters = {n: s for n, s in compose["services"].items() if "ZEUSD_SOCK_PATH" in (s.get("environment") or {})}
+    assert setters, "no compose service sets power limits through zeusd: the test would prove nothing"
+    for name, service in setters.items():
+        env = service["environment"]
+        mounts = [v.split(":")[:2] for v in service.get("volumes", []) if isinstance(v, str)]
+        for variable in ("CARBONFLOW_POWER_JOURNAL_DIR", "CARBONFLOW_GPU_LEASE_DIR"):
+            assert variable in env, f"{name} does not set {variable}"
+            on = [src for src, target in mounts if (env[variable] + "/").startswith(target.rstrip("/") + "/")]
+            assert on and on[0] in named, f"{name}: {variable}={env[variable]} is not on a named volume ({mounts})"
