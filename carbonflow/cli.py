@@ -3,6 +3,9 @@
 - ``carbonflow run --job J --plan P --result R -- <command>``: the training wrapper.
 - ``carbonflow profile JOB.json``: profile a job under candidate configurations.
 - ``carbonflow demo``: the embedded end-to-end demo (nightly_retrain through Airflow).
+- ``carbonflow dags test DAG_FILE``: run your own DAG once on embedded Airflow + MLflow (the dev loop).
+- ``carbonflow plan JOB_FILE``: plan a job from its profile and the forecast; print the plan and why.
+- ``carbonflow try -- CMD``: run a command under the wrapper (no plan to write) and print what it measured.
 - ``carbonflow report JOB``: compare a job's runs from MLflow (table + PNG).
 - ``carbonflow spool replay``: push runs spooled during a tracking outage to MLflow.
 """
@@ -129,36 +132,106 @@ def demo(
 @app.command()
 def report(
     job: Annotated[str, typer.Argument(help="the job's name (its recurring key)")],
-    out: Annotated[Path | None, typer.Option(help="write the comparison plot (PNG) into this folder")] = None,
+    out: Annotated[Path | None, typer.Option(help="write the view's plot (PNG) into this folder")] = None,
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI (default: embedded store)")] = None,
+    view: Annotated[str, typer.Option(help="runs (one row per run) or energy-accuracy (per configuration)")] = "runs",
 ) -> None:
     """Compare a job's runs: energy, emissions, accuracy, savings and configuration."""
-    import tempfile
-
-    from rich.console import Console
-
+    if view not in ("runs", "energy-accuracy"):
+        raise typer.BadParameter(f"--view={view!r} is not allowed; use runs or energy-accuracy", param_hint="--view")
+    from carbonflow.terminal import cli_console, print_path
     from carbonflow.tracking.history import TrackingUnavailableError
-    from carbonflow.tracking.report import build_report, render_table
+    from carbonflow.tracking.report import build_report, render_png, render_table
 
     if out is not None and out.exists() and not out.is_dir():
         raise typer.BadParameter(f"--out={out} is a file; give a folder for the plot", param_hint="--out")
-    with tempfile.TemporaryDirectory() as scratch:
-        png_path = (out / f"{job}-report.png") if out is not None else Path(scratch) / "report.png"
+    try:
+        data = build_report(job, tracking_uri=tracking_uri)
+    except (LookupError, TrackingUnavailableError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
+    console = cli_console()
+    if view == "energy-accuracy":
+        from carbonflow.tracking.report import render_energy_accuracy_png, render_energy_accuracy_table
+
+        console.print(render_energy_accuracy_table(data))
         if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-        try:
-            data = build_report(job, tracking_uri=tracking_uri, png_path=png_path)
-        except (LookupError, TrackingUnavailableError) as err:
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(1) from None
-        console = Console(width=min(Console().width, 100))
-        console.print(render_table(data))
-        if out is not None:
-            console.print(f"plot: {png_path}")
+            print_path(console, "plot:", render_energy_accuracy_png(data, out / f"{job}-energy-accuracy.png"))
+        return
+    console.print(render_table(data))
+    if out is not None:
+        data.png_path = out / f"{job}-report.png"
+        print_path(console, "plot:", render_png(data))
+
+
+@app.command()
+def plan(
+    job_file: Annotated[Path, typer.Argument(help="the job's JobSpec (YAML or JSON, as in the job registry)")],
+    profile: Annotated[Path | None, typer.Option(help="a Profile JSON (default: the job's newest in MLflow)")] = None,
+    live: Annotated[bool, typer.Option(help="live carbon APIs and the wall clock instead of the replay")] = False,
+    tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI (default: embedded store)")] = None,
+) -> None:
+    """Plan a job as tonight's run would: configuration, start and why, from its profile and the forecast."""
+    from carbonflow.plan_preview import run_plan
+
+    raise typer.Exit(run_plan(job_file, profile, live=live, tracking_uri=tracking_uri))
+
+
+DEFAULT_BATCH_SIZE = 64
+"""``carbonflow try``'s batch size when none is given: a JobSpec's default (``JobSpec.batch_size``)."""
+
+
+@app.command("try", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def try_command(
+    ctx: typer.Context,
+    steps: Annotated[int, typer.Option(help="the work to tell the command ($CARBONFLOW_STEPS, {steps})", min=1)] = 100,
+    batch_size: Annotated[
+        int, typer.Option(help="the batch size to tell the command ($CARBONFLOW_BATCH_SIZE, {batch_size})", min=1)
+    ] = DEFAULT_BATCH_SIZE,
+    power_limit: Annotated[float | None, typer.Option(help="GPU power limit (W) for this run; default: none")] = None,
+    containers: Annotated[int, typer.Option(help="data-parallel processes", min=1)] = 1,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(help="where the run's files go", show_default="$CARBONFLOW_HOME/try, else ./.carbonflow/try"),
+    ] = None,
+) -> None:
+    """Run CMD (after --) under carbonflow's wrapper, as a job would run, and print what it measured."""
+    from carbonflow.tracking.uri import carbonflow_home
+    from carbonflow.tryout import run_try
+
+    if not ctx.args:
+        raise typer.BadParameter("give the command after --, e.g. carbonflow try -- python train.py", param_hint="CMD")
+    raise typer.Exit(run_try(list(ctx.args), workdir or carbonflow_home() / "try", steps=steps, batch_size=batch_size,
+                             power_limit_w=power_limit, containers=containers))  # fmt: skip
+
+
+dags_app = typer.Typer(help="Your own DAGs, run locally.", no_args_is_help=True)
+app.add_typer(dags_app, name="dags")
+
+
+@dags_app.command("test")
+def dags_test(
+    dag_file: Annotated[
+        Path, typer.Argument(help="the DAG file; its folder is the DAGs folder (every DAG file there is parsed)")
+    ],
+    dag_id: Annotated[str | None, typer.Option(help="the DAG to run, when the file defines several")] = None,
+    home: Annotated[
+        Path, typer.Option(help="carbonflow home: the Airflow DB, MLflow store, runs and log go here")
+    ] = Path(".carbonflow"),
+    live: Annotated[bool, typer.Option(help="live carbon APIs and the wall clock instead of the replay")] = False,
+) -> None:
+    """Run your DAG once, end to end, on embedded Airflow + MLflow, and print each training's cost and accuracy."""
+    from carbonflow.dev import run_dag_test
+
+    raise typer.Exit(run_dag_test(dag_file, home, dag_id=dag_id, live=live))
 
 
 spool_app = typer.Typer(help="Runs kept locally while MLflow was unreachable.", no_args_is_help=True)
 app.add_typer(spool_app, name="spool")
+
+
+HOME_HELP = "carbonflow home (the .carbonflow folder holding the spool)"
+HOME_DEFAULT = "$CARBONFLOW_HOME, else ./.carbonflow"
 
 
 @spool_app.command("replay")
@@ -174,25 +247,33 @@ def spool_replay(
 
 
 @spool_app.command("status")
-def spool_status() -> None:
+def spool_status(home: Annotated[Path | None, typer.Option(help=HOME_HELP, show_default=HOME_DEFAULT)] = None) -> None:
     """List the run records waiting in the local spool for MLflow, and those it refused."""
-    from rich.console import Console
     from rich.table import Table
 
     from carbonflow.models import utcnow
+    from carbonflow.terminal import cli_console
     from carbonflow.tracking.spool import failed_entries, pending, spool_root
 
-    waiting, refused = pending(), failed_entries()
+    root = spool_root(home.resolve() if home is not None else None)
+    waiting, refused = pending(root=root), failed_entries(root=root)
     if not waiting and not refused:
-        typer.echo(f"the spool is empty ({spool_root()})")
+        typer.echo(f"the spool is empty ({root})")
         return
-    table = Table("state", "job", "kind", "age", "target", "attempts", "last error", title=f"spool {spool_root()}")
+    table = Table(title=f"spool {root}")
+    table.add_column("state", no_wrap=True)
+    table.add_column("job", overflow="fold")
+    table.add_column("kind", no_wrap=True)
+    table.add_column("age (min)", justify="right", no_wrap=True)
+    table.add_column("target", overflow="fold")
+    table.add_column("tries", justify="right", no_wrap=True)
+    table.add_column("last error")
     for state, entries in (("waiting", waiting), ("refused", refused)):
         for e in entries:
             age_min = (utcnow() - e.meta.spooled_at).total_seconds() / 60
-            table.add_row(state, e.record.job, e.record.kind, f"{age_min:.0f} min", e.meta.tracking_uri,
+            table.add_row(state, e.record.job, e.record.kind, f"{age_min:.0f}", e.meta.tracking_uri,
                           str(e.meta.attempts), (e.meta.last_error or "")[:60])  # fmt: skip
-    Console(width=100).print(table)
+    cli_console().print(table)
 
 
 def main() -> None:

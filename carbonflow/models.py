@@ -67,11 +67,11 @@ class _Model(BaseModel):
 class SimulatedGpuSpec(_Model):
     """Which published Zeus measurement a simulated GPU replays (always labelled simulated)."""
 
-    gpu_model: Literal["V100", "A40", "RTX6000", "P100"] = "V100"
-    dataset: str = "cifar100"
-    network: str = "shufflenetv2"
+    gpu_model: Literal["V100", "A40", "RTX6000", "P100"] = Field(default="V100", description="the GPU Zeus measured")
+    dataset: str = Field(default="cifar100", description="Zeus workload's dataset (with network: which measurement)")
+    network: str = Field(default="shufflenetv2", description="Zeus workload's network")
     batch_size: int | None = Field(default=None, gt=0, description="None: the workload's default b0")
-    optimizer: str | None = None
+    optimizer: str | None = Field(default=None, description="Zeus workload's optimizer, where it measured several")
     count: int = Field(default=1, ge=1, le=16, description="simulated GPUs on this node")
     pair_type: str | None = Field(
         default=None,
@@ -100,30 +100,42 @@ class JobSpec(_Model):
         default=None, gt=0, description="samples one epoch holds (command jobs that give their work in epochs)"
     )
     image: str | None = Field(default=None, description="container image for the Kubernetes backend")
-    device_kind: DeviceKind = "gpu"
+    device_kind: DeviceKind = Field(default="gpu", description="what the job trains on: gpu or cpu")
     simulated_gpu: SimulatedGpuSpec | None = Field(
         default=None, description="replay a Zeus-measured GPU instead of NVML (labelled simulated)"
     )
-    min_containers: int = Field(default=1, ge=1, le=64)
-    max_containers: int = Field(default=1, ge=1, le=64)
+    min_containers: int = Field(default=1, ge=1, le=64, description="fewest data-parallel processes/pods to consider")
+    max_containers: int = Field(
+        default=1, ge=1, le=64, description="most data-parallel processes/pods to consider (one GPU each)"
+    )
     epochs: int | None = Field(default=None, description="work to do, in epochs")
     steps: int | None = Field(default=None, description="work to do, in optimiser steps")
-    batch_size: int = Field(default=64, gt=0)
+    batch_size: int = Field(
+        default=64,
+        gt=0,
+        description="batch size of each container (one data-parallel process loads this many samples a step)",
+    )
     batch_sizes: list[int] | None = Field(default=None, description="opt-in batch-size candidates")
-    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
-    target_metric: str | None = None
-    target_value: float | None = None
+    lr_scaling: Literal["none", "linear", "sqrt"] = Field(
+        default="none", description="how the learning rate follows a batch size other than batch_size"
+    )
+    target_metric: str | None = Field(
+        default=None, description="metric the job trains to (with batch_sizes: the batch-size explorer learns from it)"
+    )
+    target_value: float | None = Field(default=None, description="value of target_metric that counts as reached")
     min_accuracy: float | None = Field(default=None, ge=0, le=1, description="bar to register the model")
     region: str = Field(description="grid region (e.g. GB, DE, US-CAL-CISO) or cloud region (e.g. aws:eu-west-2)")
-    finish_by: UtcDatetime | None = None
-    objective: str = "carbon"
+    finish_by: UtcDatetime | None = Field(
+        default=None, description="latest end (UTC); None: the operator's next deadline_time_utc"
+    )
+    objective: str = Field(default="carbon", description=f"what the plan minimises: {OBJECTIVES_HELP}")
     max_slowdown: float = Field(default=0.10, ge=0, le=10, description="allowed extra run time, as a fraction")
     power_limit_w: float | None = Field(
         default=None, gt=0, description="fixed power limit; None lets the planner choose"
     )
     power_limits_w: list[float] | None = Field(default=None, description="candidate power limits to profile")
     profile_steps: int = Field(default=30, gt=0, description="measured steps per profiled configuration")
-    profile_warmup_steps: int = Field(default=5, ge=0)
+    profile_warmup_steps: int = Field(default=5, ge=0, description="steps run before each configuration is measured")
     profile_min_window_s: float = Field(
         default=2.0, ge=0, le=600, description="each profiled configuration is measured over at least this long"
     )
@@ -131,8 +143,20 @@ class JobSpec(_Model):
         default=300.0, gt=0, description="profiling stops a training that reports no progress for this long"
     )
     profile_max_age_s: float = Field(default=7 * 24 * 3600, gt=0, description="reuse a profile younger than this")
-    code_version: str = "1"
-    env: dict[str, str] = Field(default_factory=dict)
+    observe_only: bool = Field(
+        default=False,
+        description="shadow mode: profile, plan and log what carbonflow would have saved, but train at once at "
+        "the GPU's current limit, alone (no power limit, start time or co-location changed); "
+        "$CARBONFLOW_OBSERVE_ONLY=1 sets it for every job",
+    )
+    code_version: str = Field(
+        default="1",
+        description="version of the training code; a new value makes the job's profile stale. Unset on a command job: "
+        "a fingerprint of the files its command names under working_dir (auto-…), so editing the script re-profiles",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="extra environment of the training (carbonflow's own variables refused)"
+    )
 
     @field_validator("name")
     @classmethod
@@ -227,6 +251,17 @@ class Config(_Model):
         return "-".join(parts)
 
 
+def key_without_group(config_key: str) -> str:
+    """A :meth:`Config.key` without its co-location group (``c1-pl250-gjob-a+job-b`` → ``c1-pl250``): the
+    configuration a co-located run had, as it would run alone."""
+    return config_key.split("-g", 1)[0]
+
+
+PROFILE_NOISE = "the profile cannot rank them (noise)"
+"""Part of a profile's note when its configurations differ by less than their own step times' spread: the
+profiler writes it, the planner then keeps the default power limit."""
+
+
 class ProfilePoint(_Model):
     """What one configuration cost per sample while profiled."""
 
@@ -237,6 +272,9 @@ class ProfilePoint(_Model):
     duration_s: float = Field(ge=0)
     samples: int = Field(ge=0)
     label: EnergyLabel
+    throughput_spread: float | None = Field(
+        default=None, ge=0, description="relative standard error of the throughput: step-time spread / √steps"
+    )
 
     @property
     def power_total_w(self) -> float:
@@ -256,6 +294,7 @@ class Profile(_Model):
     max_power_w: float | None = Field(default=None, description="MAXPOWER of Zeus's cost (W)")
     samples_per_epoch: int | None = None
     points: list[ProfilePoint]
+    notes: list[str] = Field(default_factory=list, description="what the profiler found, e.g. noise-limited points")
 
     def point_for(self, config: Config) -> ProfilePoint | None:
         for point in self.points:
@@ -383,3 +422,71 @@ class RunResult(_Model):
     @property
     def succeeded(self) -> bool:
         return self.exit_code == 0
+
+
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The model inside a field's annotation (``SimulatedGpuSpec | None`` → ``SimulatedGpuSpec``), if any."""
+    options = getattr(annotation, "__args__", (annotation,))
+    return next((a for a in options if isinstance(a, type) and issubclass(a, BaseModel)), None)
+
+
+def _owner_and_field(model: type[BaseModel], loc: list[str]) -> tuple[type[BaseModel] | None, Any]:
+    """The model that holds the field at ``loc`` (nested models followed) and that field (None: unknown)."""
+    owner: type[BaseModel] | None = model
+    for part in loc[:-1]:
+        inner = owner.model_fields.get(part) if owner is not None else None
+        owner = _nested_model(inner.annotation) if inner is not None else None
+    return owner, owner.model_fields.get(loc[-1]) if owner is not None else None
+
+
+def field_bounds(field: Any) -> str:
+    """A field's numeric bounds as `` (≥ 0, ≤ 10)``; empty when it has none."""
+    marks = {"ge": "≥", "gt": ">", "le": "≤", "lt": "<"}
+    found = [f"{marks[k]} {getattr(m, k)}" for m in getattr(field, "metadata", []) for k in marks if hasattr(m, k)]
+    return f" ({', '.join(found)})" if found else ""
+
+
+def field_problem(error: Any, model: type[BaseModel] = JobSpec) -> str:
+    """One pydantic error as ``field: what is wrong (got value)``; an unknown field also gets the nearest allowed
+    one (``did you mean 'samples_per_epoch'?``) and the list of allowed fields, a value out of range the whole
+    range, a mapping given as a string the fields it takes."""
+    import difflib
+
+    loc = [str(p) for p in error["loc"]]
+    field = ".".join(loc)
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if not field:  # a whole-model rule: its message names the fields
+        return message
+    owner, info = _owner_and_field(model, loc)
+    value = error.get("input")
+    kind = error.get("type")
+    if kind == "extra_forbidden":
+        allowed = sorted(owner.model_fields) if owner is not None else []
+        near = difflib.get_close_matches(loc[-1], allowed, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        return f"{field}: unknown field{hint} (allowed: {', '.join(allowed)})" if allowed else f"{field}: {message}"
+    nested = _nested_model(info.annotation) if info is not None else None
+    if kind == "model_type" and nested is not None:  # e.g. simulated_gpu: "V100" where an object is expected
+        return f"{field}: must be a mapping with fields {', '.join(nested.model_fields)} (got {value!r})"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and info is not None:
+        return f"{field}: {value!r} is out of range; allowed: {field_bounds(info).strip(' ()')}"
+    if f"{field}=" in message or isinstance(value, dict):
+        return f"{field}: {message}"
+    return f"{field}: {message} (got {value!r})"
+
+
+def field_problems(err: Any, model: type[BaseModel] = JobSpec) -> list[str]:
+    """Every problem of a ``ValidationError``, one line each (see :func:`field_problem`)."""
+    return [field_problem(e, model) for e in err.errors()]
+
+
+def parse_job(job: JobSpec | dict[str, Any] | str) -> JobSpec:
+    """Validate a job given as a model, a dict or JSON; errors name the field, value and rule."""
+    from pydantic import ValidationError
+
+    if isinstance(job, JobSpec):
+        return job
+    try:
+        return JobSpec.model_validate_json(job) if isinstance(job, str) else JobSpec.model_validate(job)
+    except ValidationError as err:
+        raise ValueError("invalid job: " + "; ".join(field_problems(err))) from None

@@ -16,12 +16,14 @@ _ENERGY_PREFIXES = ((1e9, "GJ"), (1e6, "MJ"), (1e3, "kJ"), (1.0, "J"))
 _MASS_PREFIXES = ((1e6, "t"), (1e3, "kg"), (1.0, "g"))
 
 
+def _unit_for(magnitude: float, prefixes: tuple[tuple[float, str], ...]) -> tuple[str, float]:
+    """The largest prefix ``magnitude`` reaches (the base unit below it), as (unit, base units per unit)."""
+    factor, unit = next(((f, u) for f, u in prefixes if magnitude >= f), prefixes[-1])
+    return unit, factor
+
+
 def _scaled(value: float, prefixes: tuple[tuple[float, str], ...], digits: int) -> str:
-    magnitude = abs(value)
-    for factor, unit in prefixes:
-        if magnitude >= factor:
-            return f"{value / factor:.{digits}g} {unit}"
-    factor, unit = prefixes[-1]
+    unit, factor = _unit_for(abs(value), prefixes)
     return f"{value / factor:.{digits}g} {unit}"
 
 
@@ -37,11 +39,38 @@ def format_emissions_g(emissions_g: float | None, digits: int = 3) -> str:
 
 def energy_unit_for(values_j: list[float]) -> tuple[str, float]:
     """One unit for a column of energies (the largest value's), as (unit, joules per unit)."""
-    largest = max((abs(v) for v in values_j), default=0.0)
-    for factor, unit in _ENERGY_PREFIXES:
-        if largest >= factor:
-            return unit, factor
-    return "J", 1.0
+    return _unit_for(max((abs(v) for v in values_j), default=0.0), _ENERGY_PREFIXES)
+
+
+def emissions_unit_for(values_g: list[float]) -> tuple[str, float]:
+    """One unit for a column of emissions (the largest value's), as (unit, grams per unit)."""
+    return _unit_for(max((abs(v) for v in values_g), default=0.0), _MASS_PREFIXES)
+
+
+def tidy_zero(value: float, reference: float = 0.0, rel: float = 1e-9) -> float:
+    """``value``, or 0.0 when it is floating-point noise around zero (within ``rel`` of ``reference``'s size,
+    or of 1e-12): a difference of two equal sums reads 0, not ``-8.67e-19``."""
+    return 0.0 if abs(value) <= max(abs(reference) * rel, 1e-12) else value
+
+
+def format_number(value: float | None, digits: int = 3) -> str:
+    """A number in a column whose header carries the unit: ``digits`` significant digits, no ``-0``,
+    no exponent for ordinary magnitudes; None → ``'–'``."""
+    if value is None:
+        return "–"
+    value = float(value)
+    if value == 0:
+        return "0"
+    text = f"{value:.{digits}g}"
+    return f"{value:.0f}" if "e" in text and abs(value) >= 1 else text
+
+
+def format_percent(fraction: float | None, digits: int = 1) -> str:
+    """A fraction as a number of percent for a ``(%)`` column: ``0.1234`` → ``'12.3'``; noise → ``'0.0'``."""
+    if fraction is None:
+        return "–"
+    value = round(100.0 * float(fraction), digits)
+    return f"{value + 0.0:.{digits}f}"  # + 0.0 turns -0.0 into 0.0
 
 
 def kwh_from_j(energy_j: float) -> float:

@@ -11,7 +11,12 @@ from datetime import datetime
 
 from airflow.sdk import DAG, Param
 
-from carbonflow.operators import CarbonAwareTrainingOperator, EnergyProfileOperator, ValidateJobsOperator
+from carbonflow.operators import (
+    CarbonAwareTrainingOperator,
+    DeliverHeldRunsOperator,
+    EnergyProfileOperator,
+    ValidateJobsOperator,
+)
 from carbonflow.workloads.catalog import JOBS_BY_NAME
 
 GPU_POOL = "carbonflow_gpu"
@@ -65,4 +70,5 @@ with DAG(
     train = CarbonAwareTrainingOperator(
         task_id="train", job=job_json, profile_task_id="profile", backend="{{ params.backend }}", pool=GPU_POOL
     )
-    validate >> profile >> train
+    deliver = DeliverHeldRunsOperator(task_id="deliver_runs", training_task_ids=["train"])
+    validate >> profile >> train >> deliver.as_teardown()  # runs whatever training did; a failure still fails

@@ -10,12 +10,14 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from carbonflow.operators.delivery import DeliverHeldRunsOperator
     from carbonflow.operators.night import NightPlanOperator, PairProfileOperator
     from carbonflow.operators.params import ValidateJobsOperator
     from carbonflow.operators.profile import EnergyProfileOperator
     from carbonflow.operators.training import CarbonAwareTrainingOperator
 
 _WHERE = {
+    "DeliverHeldRunsOperator": "carbonflow.operators.delivery",
     "CarbonAwareTrainingOperator": "carbonflow.operators.training",
     "EnergyProfileOperator": "carbonflow.operators.profile",
     "NightPlanOperator": "carbonflow.operators.night",
@@ -25,6 +27,7 @@ _WHERE = {
 
 __all__ = [
     "CarbonAwareTrainingOperator",
+    "DeliverHeldRunsOperator",
     "EnergyProfileOperator",
     "NightPlanOperator",
     "PairProfileOperator",

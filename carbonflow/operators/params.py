@@ -14,8 +14,10 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from carbonflow.models import JobSpec, utcnow
-from carbonflow.operators.common import parse_job
+from carbonflow.registry import with_code_fingerprint
+from carbonflow.validation import RequestError, job_problems, validate_job
+
+__all__ = ["RequestError", "ValidateJobsOperator", "apply_overrides", "check_conf_keys", "job_problems", "validate_job"]
 
 OVERRIDABLE = ("region", "finish_by", "objective", "max_slowdown", "power_limit_w", "epochs", "steps", "batch_size")
 """JobSpec fields a DAG run's params may override."""
@@ -25,10 +27,6 @@ JOB_SPEC_PARAM = "job_spec"
 """A run param holding a whole JobSpec: an on-demand run of a job that is not registered."""
 REQUESTED_KEY = "requested"
 """XCom key of the one job an on-demand run validated (by name or as a whole JobSpec)."""
-
-
-class RequestError(ValueError):
-    """A DAG run's request is invalid; the message names the field, the value and what is allowed."""
 
 
 def apply_overrides(base: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
@@ -62,59 +60,6 @@ def check_conf_keys(conf: dict[str, Any], declared: set[str]) -> None:
         raise RequestError(
             f"unknown conf key(s) {', '.join(repr(k) for k in unknown)}; allowed: {', '.join(sorted(declared))}"
         )
-
-
-def validate_job(job: JobSpec | dict[str, Any] | str, *, now: datetime | None = None) -> JobSpec:
-    """Validate a job as a request: schema, region, finish-by, power limit range, work."""
-    try:
-        spec = parse_job(job)
-    except ValueError as err:
-        raise RequestError(str(err)) from None
-    now = now or utcnow()
-    if spec.finish_by is not None and spec.finish_by <= now:
-        raise RequestError(
-            f"finish_by={spec.finish_by.isoformat()} is in the past; give a UTC time after {now.isoformat()}"
-        )
-    _check_region(spec.region)
-    if spec.power_limit_w is not None or spec.power_limits_w:
-        _check_power_limits(spec)
-    if spec.simulated_gpu is not None and spec.simulated_gpu.pair_type is not None:
-        from carbonflow.energy.errors import EnergyError
-        from carbonflow.energy.simulated import check_pair_type
-
-        try:
-            check_pair_type(spec.simulated_gpu.pair_type)
-        except EnergyError as err:
-            raise RequestError(str(err)) from None
-    return spec
-
-
-def _check_region(region: str) -> None:
-    from carbonflow.carbon.regions import resolve_region
-
-    try:
-        resolve_region(region)
-    except ValueError as err:
-        raise RequestError(str(err)) from None
-
-
-def _check_power_limits(spec: JobSpec) -> None:
-    from carbonflow.energy.discovery import discover_devices
-
-    gpus = [d for d in discover_devices(spec.simulated_gpu, include_cpu=False) if d.kind == "gpu"]
-    if not gpus:
-        raise RequestError(
-            f"power_limit_w={spec.power_limit_w} is set but job {spec.name!r} has no GPU with a settable power "
-            "limit here; leave it empty or run on a GPU (or a simulated_gpu)"
-        )
-    for limit in [spec.power_limit_w, *(spec.power_limits_w or [])]:
-        if limit is None:
-            continue
-        low, high = gpus[0].power_limit_constraints_w()
-        if not low <= limit <= high:
-            raise RequestError(
-                f"power_limit_w={limit:g} is outside the range of {gpus[0].model}: {low:g} W to {high:g} W"
-            )
 
 
 def _full_job(value: Any) -> dict[str, Any]:
@@ -188,6 +133,7 @@ class ValidateJobsOperator(BaseOperator):
                 spec = spec.model_copy(
                     update={"working_dir": os.path.normpath(os.path.join(dag_folder, spec.working_dir))}
                 )
+            spec = with_code_fingerprint(spec)  # after working_dir is resolved: the files it names are read
             context["ti"].xcom_push(key=spec.name, value=spec.model_dump_json())
             if self.only_param or overrides.get(JOB_SPEC_PARAM):
                 context["ti"].xcom_push(key=REQUESTED_KEY, value=spec.model_dump_json())

@@ -7,8 +7,9 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from carbonflow.models import JobSpec, Profile, utcnow
-from carbonflow.operators.common import home, make_backend, parse_job, safe_name
+from carbonflow.execution.backend import make_backend
+from carbonflow.models import JobSpec, Profile, parse_job, utcnow
+from carbonflow.operators.common import home, safe_name
 
 
 class EnergyProfileOperator(BaseOperator):
@@ -53,7 +54,10 @@ class EnergyProfileOperator(BaseOperator):
         device_model = gpus[0].model if gpus else next(d.model for d in devices if d.kind == "cpu")
         if self.reuse_profiles:
             fresh = self._fresh_profile(spec, device_model)
-            if fresh is not None:
+            drift = self._drift(spec) if fresh is not None else None
+            if drift:
+                self.log.info("profiling %s again: %s", spec.name, drift)
+            elif fresh is not None:
                 self.log.info(
                     "reusing the profile of %s measured at %s on %s (younger than %.0f s); not profiling again",
                     spec.name, fresh.measured_at.isoformat(), device_model, spec.profile_max_age_s,
@@ -72,6 +76,19 @@ class EnergyProfileOperator(BaseOperator):
         )  # fmt: skip
         self._log_profile(spec, profile)
         return profile.model_dump(mode="json")
+
+    def _drift(self, spec: JobSpec) -> str | None:
+        """Why the job's realised runs no longer match its profile (None: they do, or history is unreadable)."""
+        from carbonflow.profiling.refresh import drift_reason
+        from carbonflow.tracking.history import realised_vs_predicted
+
+        try:
+            rows = realised_vs_predicted(spec.name, tracking_uri=self.tracking_uri)
+        except Exception as err:  # tracking down: reuse the profile rather than fail the DAG
+            self.log.warning("could not read %s's runs from MLflow (%s)", spec.name, err)
+            return None
+        ratios = [r.energy_total_j / r.predicted_energy_j for r in rows if r.predicted_energy_j > 0]
+        return drift_reason(ratios)
 
     def _fresh_profile(self, spec: JobSpec, device_model: str) -> Profile | None:
         from carbonflow.tracking.history import latest_profile

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from carbonflow.energy.device import Device
-from carbonflow.execution.shared import SharedMember, SharedRequest, SharedRun
-from carbonflow.execution.wrapper import MeasuredWindow, WrappedRun
-from carbonflow.models import Config, JobSpec, Plan, Profile, ProfilePoint, utcnow
+from carbonflow.execution.shared import SharedMember, SharedRequest, SharedRun, contention_note
+from carbonflow.execution.wrapper import SHORT_WINDOW, MeasuredWindow, WrappedRun
+from carbonflow.models import PROFILE_NOISE, Config, JobSpec, Plan, Profile, ProfilePoint, utcnow
 
 if TYPE_CHECKING:
     from carbonflow.planning.colocation import PairProfile
@@ -52,8 +52,25 @@ def _log_path(run: WrappedRun) -> str:
     return str(Path(run.output_dir).parent / "training.log") if run.output_dir else "(no log)"
 
 
+def _log_tail(run: WrappedRun, lines: int = 3) -> str:
+    path = Path(_log_path(run))
+    if not path.is_file():
+        return ""
+    text = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    kept = [line.strip() for line in text if line.strip() and not line.startswith("CARBONFLOW_RESULT")]
+    return " | ".join(kept[-lines:])
+
+
 def silent_job_message(spec: JobSpec, run: WrappedRun) -> str:
-    """What to tell the user of a training that reported no progress while it was profiled."""
+    """What to tell the user of a training that reported no progress while it was profiled: a training that
+    failed before its first report is told as a failure, with its log's last lines."""
+    stopped_by_us = any("no progress reported" in note for note in run.notes)
+    if run.exit_code != 0 and not stopped_by_us:
+        tail = _log_tail(run)
+        return (
+            f"profiling {spec.name}: the training failed (exit code {run.exit_code}) before reporting any progress; "
+            f"its log: {_log_path(run)}" + (f"; last lines: {tail}" if tail else "")
+        )
     return (
         f"profiling {spec.name} measured nothing: the training reported no progress in {run.duration_s:.0f} s "
         f"(exit code {run.exit_code}). carbonflow measures throughput from progress reports: call "
@@ -99,6 +116,32 @@ def _point(window: MeasuredWindow, config: Config, label: str, job: str) -> Prof
         duration_s=window.window_s,
         samples=window.samples,
         label=label,  # type: ignore[arg-type]
+        throughput_spread=window.step_time_cv / window.steps**0.5 if window.step_time_cv and window.steps else None,
+    )
+
+
+NOISE_Z = 2.0
+"""Points closer than this many combined standard errors are not told apart (≈ 95 % for two points)."""
+
+
+def noise_note(points: list[ProfilePoint]) -> str | None:
+    """When the profiled configurations' energy per sample differ less than their own step times' spread allows
+    to tell apart, say so: a choice between them would be a choice on noise."""
+    spreads = [p.throughput_spread for p in points if p.throughput_spread is not None]
+    if len(points) < 2 or len(spreads) < len(points):
+        return None
+    energies = [p.energy_per_sample_j for p in points]
+    mean = sum(energies) / len(energies)
+    if mean <= 0:
+        return None
+    range_fraction = (max(energies) - min(energies)) / mean
+    combined = NOISE_Z * (2 * max(spreads) ** 2) ** 0.5
+    if range_fraction >= combined:
+        return None
+    return (
+        f"profiled configurations differ by {range_fraction * 100:.1f} % in energy per sample, less than their "
+        f"step times' spread tells apart ({combined * 100:.1f} %): {PROFILE_NOISE}; "
+        "carbonflow keeps the default power limit until longer profiles or real runs tell them apart"
     )
 
 
@@ -125,6 +168,7 @@ def profile_job(
     done = 0
     stop_below = 1 / (1 + 2 * spec.max_slowdown)
     points: list[ProfilePoint] = []
+    window_notes: list[str] = []  # configurations measured over less than asked: the profile says so
     for count in counts:
         plan = Plan(
             job=spec.name, config=Config(containers=count, power_limit_w=limits[0]), start=utcnow(),
@@ -155,10 +199,17 @@ def profile_job(
                 "profiled %s: %.1f samples/s, %.4f J/sample", config.key(), point.throughput_samples_per_s,
                 point.energy_per_sample_j,
             )  # fmt: skip
+        short = [note for note in run.notes if note.startswith(SHORT_WINDOW)]
+        for note in short:
+            log.warning("%s, %d container(s): %s", spec.name, count, note)
+        window_notes += short
         if len(run.windows) < len(limits):
             log.info("%d container(s): sweep stopped early (slower than max_slowdown allows)", count)
     if not points:
         raise ProfilingError(f"profiling {spec.name} measured nothing; does the training report progress?")
+    noise = noise_note(points)
+    if noise:
+        log.warning("%s: %s", spec.name, noise)
     default_w = gpu.default_power_limit_w() if gpu is not None and gpu.supports_power_limit else None
     max_power_w = gpu.power_limit_constraints_w()[1] if gpu is not None and gpu.supports_power_limit else None
     return Profile(
@@ -171,6 +222,7 @@ def profile_job(
         max_power_w=max_power_w,
         samples_per_epoch=samples_per_epoch,
         points=points,
+        notes=[*window_notes, *([noise] if noise else [])],
     )
 
 
@@ -203,7 +255,9 @@ def profile_pair(
 
     Both run at their reference configuration (one container, the default power limit), where the
     planner predicts co-located runs; each one's kept speed is its throughput together over its solo
-    throughput at the same configuration, from its profile.
+    throughput at the same configuration, from its profile — on a real GPU. On a simulated GPU it is the
+    simulated device's own (Gavel's pair speeds): the two real trainings share this machine's CPUs too, and
+    that contention is logged apart (``host_pace``), never taken for the GPU's.
     """
     from carbonflow.planning.colocation import PairProfile
     from carbonflow.planning.optimizer import default_point
@@ -234,9 +288,12 @@ def profile_pair(
     if speed_a is None or speed_b is None or run.overlap_s <= 0:
         raise RuntimeError(f"pair profiling of {spec_a.name}+{spec_b.name} measured no time together")
     log.info(
-        "pair %s+%s: kept %.2f / %.2f of solo speed, %.0f W together", spec_a.name, spec_b.name, speed_a, speed_b,
-        run.overlap_power_w,
+        "pair %s+%s: kept %.2f / %.2f of solo speed (%s), %.0f W together", spec_a.name, spec_b.name, speed_a,
+        speed_b, run.kept_speeds_source, run.overlap_power_w,
     )  # fmt: skip
+    if run.host_pace:
+        log.info("pair %s+%s: %s", spec_a.name, spec_b.name, contention_note(run.host_pace, run.observed_kept_speeds,
+                                                                        run.kept_speeds))  # fmt: skip
     return PairProfile(
         spec_a.name, spec_b.name, speed_a, speed_b, run.overlap_power_w, label=run.label,  # type: ignore[arg-type]
         power_limit_w=limit_w,

@@ -73,3 +73,26 @@ def profiles_to_refresh(states: Sequence[ProfileState], now: datetime, budget_gp
                                 s.cost_gpu_s, False))  # fmt: skip
         spent_s += s.cost_gpu_s
     return required + optional
+
+
+DRIFT_RECENT_RUNS = 3
+DRIFT_THRESHOLD = 0.25
+
+
+def drift_reason(
+    ratios: Sequence[float], recent: int = DRIFT_RECENT_RUNS, threshold: float = DRIFT_THRESHOLD
+) -> str | None:
+    """Why a job's realised runs have drifted from its profile's predictions (None: they have not).
+
+    ``ratios`` are realised / predicted energy per run, oldest first. A steady ratio (fixed costs the
+    profile never sees) is what the planner learns; a *moving* one is drift: the median of the last
+    ``recent`` runs differs from the earlier runs' median by more than ``threshold`` (relative).
+    """
+    if len(ratios) < 2 * recent:
+        return None
+    earlier, latest = sorted(ratios[:-recent]), sorted(ratios[-recent:])
+    before, now = earlier[len(earlier) // 2], latest[len(latest) // 2]
+    if before <= 0 or abs(now / before - 1) <= threshold:
+        return None
+    return (f"realised/predicted energy moved from {before:.2f} to {now:.2f} over the last {recent} runs "
+            f"(more than {threshold:.0%}): the profile no longer describes the job")  # fmt: skip

@@ -1,14 +1,14 @@
-"""Co-location across jobs through the operators: night plan → one launch for the pair → two MLflow runs.
+"""Co-location across jobs through the operators: night plan → one task per GPU group → two MLflow runs.
 
-The night is planned by the real NightPlanOperator from profiles and a pair profile; the first of the
-pair's CarbonAwareTrainingOperators to reach the start launches both (the real digits CNN, twice, on
-one simulated V100) while the other waits for the outcome; both runs land in the embedded MLflow.
+The night is planned by the real NightPlanOperator from profiles and a pair profile; it names the
+night's GPU groups (XCom ``groups``), and one CarbonAwareTrainingOperator per group (mapped, in the DAG)
+launches the pair once (the real digits CNN, twice, on one simulated V100) and logs both runs to the
+embedded MLflow. Nothing is coordinated through files: no claim, no outcome file.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,7 +16,7 @@ import pytest
 
 from carbonflow.models import Config, Profile, ProfilePoint
 from carbonflow.operators.night import NightPlanOperator, can_share
-from carbonflow.operators.training import CarbonAwareTrainingOperator, TrainingFailed
+from carbonflow.operators.training import CarbonAwareTrainingOperator
 from carbonflow.planning.colocation import PairProfile
 from carbonflow.workloads.catalog import DIGITS_CNN, DIGITS_CNN_WIDE_BATCH
 
@@ -39,11 +39,18 @@ def _profile(job: str) -> Profile:
 
 
 class _Ti:
-    def __init__(self, xcoms: dict[str, Any]) -> None:
-        self.xcoms = xcoms
+    """Airflow's task instance at the library boundary: XCom, and the identity a run's key is made from."""
 
-    def xcom_pull(self, task_ids: str, **_: Any) -> Any:
-        return self.xcoms.get(task_ids)
+    def __init__(self, xcoms: dict[str, Any], task_id: str = "train", map_index: int = 0) -> None:
+        self.xcoms = xcoms
+        self.pushed: dict[str, Any] = {}
+        self.dag_id, self.task_id, self.map_index = "pair_dag", task_id, map_index
+
+    def xcom_pull(self, task_ids: str, key: str = "return_value", **_: Any) -> Any:
+        return self.xcoms.get(task_ids) if key == "return_value" else self.pushed.get(key)
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.pushed[key] = value
 
 
 def _night(jobs: dict[str, dict[str, Any]], pair: PairProfile) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -60,12 +67,19 @@ def _night(jobs: dict[str, dict[str, Any]], pair: PairProfile) -> tuple[dict[str
     return night, xcoms
 
 
-def _trainer(name: str, job: dict[str, Any]) -> CarbonAwareTrainingOperator:
+def _trainer(group: list[str]) -> CarbonAwareTrainingOperator:
     return CarbonAwareTrainingOperator(
-        task_id=f"train_{name}", job=job, profile_task_id=f"profile_{name}", night_plan_task_id="plan_night",
+        task_id="train", gpu_group=group, night_plan_task_id="plan_night",
         replay=True, replay_start=T0.isoformat(), replay_speedup=1e7, deferrable=False,
         tracking_uri=os.environ["MLFLOW_TRACKING_URI"],
     )  # fmt: skip
+
+
+def _context(xcoms: dict[str, Any], run_id: str, clear_number: int = 0) -> dict[str, Any]:
+    from types import SimpleNamespace
+
+    dag_run = SimpleNamespace(run_id=run_id, clear_number=clear_number, run_type="scheduled")
+    return {"ti": _Ti(xcoms), "run_id": run_id, "dag_run": dag_run}
 
 
 def test_jobs_that_can_never_share_say_why() -> None:
@@ -79,9 +93,10 @@ def test_jobs_that_can_never_share_say_why() -> None:
     assert can_share(a, JobSpec.model_validate(_job(DIGITS_CNN_WIDE_BATCH, "b"))) is None
 
 
-def test_a_colocated_pair_is_launched_once_and_both_runs_are_logged() -> None:
+def test_a_colocated_pair_is_launched_once_by_its_group_task_and_a_retry_does_not_train_again() -> None:
     from mlflow import MlflowClient
 
+    from carbonflow.operators.common import home
     from carbonflow.tracking import schema as s
 
     jobs = {"pair-a": _job(DIGITS_CNN, "pair-a"), "pair-b": _job(DIGITS_CNN_WIDE_BATCH, "pair-b")}
@@ -90,83 +105,64 @@ def test_a_colocated_pair_is_launched_once_and_both_runs_are_logged() -> None:
     plans = night["plans"]
     assert plans["pair-a"]["colocated_with"] == ["pair-b"] and plans["pair-b"]["colocated_with"] == ["pair-a"]
     assert plans["pair-a"]["config"]["colocation_group"] == "pair-a+pair-b"
-    assert "co-located with pair-b" in plans["pair-a"]["reason"]
+    assert night["groups"] == [["pair-a", "pair-b"]]  # one GPU group: one mapped task trains both
     guards = night["min_kept_speed"]
     assert 0 < guards["pair-a"] <= 0.95 and 0 < guards["pair-b"] <= 0.9
 
-    context = {"ti": _Ti(xcoms), "run_id": "pair-test"}
-    followed: dict[str, Any] = {}
-
-    def follow() -> None:
-        try:
-            followed["outcome"] = _trainer("pair-b", jobs["pair-b"]).execute(context)
-        except Exception as err:  # surfaced by the assertion below
-            followed["error"] = err
-
-    follower = threading.Thread(target=follow)
-    follower.start()
-    leader = _trainer("pair-a", jobs["pair-a"]).execute(context)
-    follower.join(timeout=900)
-    assert not follower.is_alive()
-    assert "error" not in followed, followed.get("error")
-
-    results = {"pair-a": leader["result"], "pair-b": followed["outcome"]["result"]}
+    context = _context(xcoms, "pair-test")
+    outcome = _trainer(["pair-a", "pair-b"]).execute(context)
+    assert context["gpu_group"] == "pair-a+pair-b"  # the map label in Airflow's UI
+    results = {name: run["result"] for name, run in outcome["runs"].items()}
     for result in results.values():
         assert result["exit_code"] == 0
         assert any("co-located with" in n for n in result["notes"]), result["notes"]
     gpu = [next(d for d in r["devices"] if d["kind"] == "gpu") for r in results.values()]
     assert gpu[0]["device_id"] == gpu[1]["device_id"]
     assert gpu[0]["share"] + gpu[1]["share"] == pytest.approx(1.0)
+    assert not list(home().glob("runs/*/groups")), "no claim or outcome files: the group task owns the pair"
 
     client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
-    for name, partner in (("pair-a", "pair-b"), ("pair-b", "pair-a")):
+
+    def training_runs(name: str) -> list[Any]:
         experiment = client.get_experiment_by_name(s.experiment_name(name))
-        runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{s.T_KIND}` = 'training'")
+        return client.search_runs([experiment.experiment_id], filter_string=f"tags.`{s.T_KIND}` = 'training'")
+
+    for name, partner in (("pair-a", "pair-b"), ("pair-b", "pair-a")):
+        runs = training_runs(name)
         assert len(runs) == 1
         assert runs[0].data.params[s.P_COLOCATED_JOBS] == partner
-    assert followed["outcome"]["tracking"]["run_id"] == runs[0].info.run_id
+        assert outcome["runs"][name]["tracking"]["run_id"] == runs[0].info.run_id
+
+    # A retry of the task (the worker died after logging, before Airflow heard) trains nothing again.
+    again = _trainer(["pair-a", "pair-b"]).execute(_context(xcoms, "pair-test"))
+    assert all(run["reused"] and run["result"] is None for run in again["runs"].values())
+    assert {n: r["tracking"]["run_id"] for n, r in again["runs"].items()} == {
+        n: r["tracking"]["run_id"] for n, r in outcome["runs"].items()
+    }
+    assert [len(training_runs(n)) for n in ("pair-a", "pair-b")] == [1, 1]
 
 
-def test_run_one_after_the_other_as_dags_test_does_the_first_task_launches_and_the_second_returns_at_once() -> None:
-    jobs = {"seq-a": _job(DIGITS_CNN, "seq-a"), "seq-b": _job(DIGITS_CNN_WIDE_BATCH, "seq-b")}
-    pair = PairProfile("seq-a", "seq-b", 0.95, 0.9, 240.0, label="simulated", power_limit_w=250)
-    night, xcoms = _night(jobs, pair)
-    assert night["plans"]["seq-b"]["colocated_with"] == ["seq-a"]
-    context = {"ti": _Ti(xcoms), "run_id": "sequential-test"}
-    # The second job by name runs first (dags test runs triggers inline: waiting on a partner that has
-    # not started would never end).
-    first = _trainer("seq-b", jobs["seq-b"]).execute(context)
-    second = _trainer("seq-a", jobs["seq-a"]).execute(context)
-    assert first["result"]["job"] == "seq-b" and second["result"]["job"] == "seq-a"
-    assert any("co-located with seq-b" in n for n in second["result"]["notes"])
+def test_a_task_given_one_job_of_a_pair_says_how_to_map_over_groups() -> None:
+    jobs = {"one-a": _job(DIGITS_CNN, "one-a"), "one-b": _job(DIGITS_CNN_WIDE_BATCH, "one-b")}
+    pair = PairProfile("one-a", "one-b", 0.95, 0.9, 240.0, label="simulated", power_limit_w=250)
+    _, xcoms = _night(jobs, pair)
+    lone = CarbonAwareTrainingOperator(task_id="train_one_a", job=jobs["one-a"], night_plan_task_id="plan_night",
+                                       replay=True, replay_start=T0.isoformat(), deferrable=False)  # fmt: skip
+    with pytest.raises(ValueError, match=r"expand\(gpu_group=night_gpu_groups\(plan_night.output\)\)"):
+        lone.execute(_context(xcoms, "split"))
+    with pytest.raises(ValueError, match="not a GPU group of the night plan"):
+        _trainer(["one-a", "nobody"]).execute(_context(xcoms, "split"))
 
 
-def test_a_member_whose_launcher_reported_a_failure_fails_with_the_reason(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import json
-
-    from carbonflow.operators.common import group_result_path
-
-    op = _trainer("x", _job(DIGITS_CNN, "x"))
-    path = group_result_path("run-1", "x+y", "x")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"error": "the pair's launch in task train_w failed: GPU lost"}))
-    with pytest.raises(TrainingFailed, match="GPU lost"):
-        op.execute_follow_complete({}, {"status": "done", "path": str(path)})
-    with pytest.raises(TrainingFailed, match="never reported"):
-        op.execute_follow_complete({}, {"status": "timeout", "path": str(tmp_path / "missing.json")})
-
-
-def test_the_first_task_to_claim_a_pair_launches_it_and_a_retry_keeps_the_claim() -> None:
+def test_gpu_groups_list_each_pair_once_by_start() -> None:
     from carbonflow.models import Plan
-    from carbonflow.operators.training import _claim, _claimant
+    from carbonflow.operators.night import gpu_groups
 
-    plan = Plan(
-        job="a", config=Config(colocation_group="a+b"), start=T0, predicted_duration_s=1, predicted_energy_j=1,
-        predicted_emissions_g=0, region="GB", forecast_provider="test", reason="test", colocated_with=["b"],
-    )  # fmt: skip
-    context = {"run_id": "claim-test"}
-    assert _claimant(context, plan) is None
-    assert _claim(context, plan, "train_b") == "train_b"
-    assert _claim(context, plan, "train_a") == "train_b"  # too late: follows
-    assert _claim(context, plan, "train_b") == "train_b"  # a retry of the launcher launches again
-    assert _claimant(context, plan) == "train_b"
+    def plan(job: str, hours: float, partner: str | None = None) -> Plan:
+        return Plan(job=job, config=Config(colocation_group="+".join(sorted([job, partner])) if partner else None),
+                    start=T0 + timedelta(hours=hours), predicted_duration_s=1, predicted_energy_j=1,
+                    predicted_emissions_g=0, region="GB", forecast_provider="test", reason="test",
+                    colocated_with=[partner] if partner else [])  # fmt: skip
+
+    plans = [plan("z", 1, "b"), plan("b", 1, "z"), plan("solo", 0), plan("late", 5)]
+    assert gpu_groups(plans) == [["solo"], ["b", "z"], ["late"]]

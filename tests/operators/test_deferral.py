@@ -2,7 +2,8 @@
 
 The forecasts come from a real replay provider over a CSV of *issued* forecasts (what a live API
 would have said at each time); the trigger runs for real (asyncio) with replayed time compressed.
-Only the launch is replaced, to record the plan the operator would run.
+The run session is driven as the operator drives it, without patching: plan, defer on the trigger,
+re-plan on waking; the test records the plan the session would launch.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from hypothesis import strategies as st
 
 from carbonflow.carbon.replay import ReplayProvider
 from carbonflow.carbon.traces import load_trace
-from carbonflow.models import Config, Plan, Profile, ProfilePoint
-from carbonflow.operators.common import CarbonSource
+from carbonflow.models import Config, JobSpec, Plan, Profile, ProfilePoint
 from carbonflow.operators.training import CarbonAwareTrainingOperator
+from carbonflow.operators.triggers import CarbonWindowTrigger
+from carbonflow.session import CarbonSource, RunSession, SessionClock, WaitState
+from carbonflow.session.source import session_clock
 
 T0 = datetime(2030, 1, 1, 18, 0, tzinfo=UTC)  # the evening the job is submitted
 FINISH_BY = datetime(2030, 1, 2, 7, 0, tzinfo=UTC)
@@ -71,46 +74,37 @@ class _Source(CarbonSource):
         return super().forecast(region, now, until)
 
 
-def _operator(source: _Source, launched: list[Plan]) -> CarbonAwareTrainingOperator:
-    op = CarbonAwareTrainingOperator(
-        task_id="train", job=JOB, profile_task_id="profile", replay=True, replay_start=T0.isoformat(),
-        replay_speedup=1e7, replan_interval_s=3 * 3600,
-    )  # fmt: skip
-    op._source = lambda: source  # type: ignore[method-assign]
-
-    def launch(context, state, clock, _source):  # type: ignore[no-untyped-def]
-        plan = Plan.model_validate(state["plan"])
-        launched.append(plan.model_copy(update={"created_at": clock.now()}))
-        return {"plan": state["plan"]}
-
-    op._launch = launch  # type: ignore[method-assign]
-    return op
+def _operator(source: _Source, launched: list[Plan]) -> tuple[RunSession, list[Plan]]:
+    """The run session the operator drives, on a carbon source of the test's issued forecasts."""
+    return RunSession(source=source, workdir=Path("unused")), launched
 
 
-def _run(op: CarbonAwareTrainingOperator, context: dict[str, Any], on_wake=None) -> int:  # type: ignore[no-untyped-def]
-    """Drive execute → trigger → execute_complete until launch; returns the number of deferrals."""
+async def _fire(trigger: CarbonWindowTrigger) -> Any:
+    async for event in trigger.run():
+        return event
+
+
+def _run(driver: tuple[RunSession, list[Plan]], context: dict[str, Any], on_wake=None) -> int:  # type: ignore[no-untyped-def]
+    """Plan → defer on the real trigger (serialised as Airflow stores it) → re-plan on waking, until the
+    session says launch; records the plan it would launch and returns the number of deferrals."""
+    session, launched = driver
+    clock = session_clock(session.source, "GB", T0.isoformat())
+    spec = JobSpec.model_validate(JOB)
+    state = session.plan_alone(spec, _profile(), clock.now())
     deferrals = 0
-    try:
-        op.execute(context)
-        return 0
-    except TaskDeferred as deferred:
-        pending = deferred
-    while True:
+    while (wake := session.next_wake(state, clock.now(), 3 * 3600)) is not None:
         deferrals += 1
-        assert deferrals < 20, "the operator keeps deferring"
-
-        async def fire(trigger):  # type: ignore[no-untyped-def]
-            async for event in trigger.run():
-                return event
-
-        event = asyncio.run(fire(pending.trigger))
+        assert deferrals < 20, "the session keeps deferring"
+        trigger = CarbonWindowTrigger(wake.isoformat(), clock.offset_s, 1e7, state=state.model_dump(mode="json"))
+        _, kwargs = trigger.serialize()
+        event = asyncio.run(_fire(CarbonWindowTrigger(**kwargs)))
+        clock = SessionClock(event.payload["clock_offset_s"])
+        state = WaitState.read(event.payload["state"])
         if on_wake:
             on_wake(deferrals)
-        try:
-            op.execute_complete(context, event.payload)
-            return deferrals
-        except TaskDeferred as again:
-            pending = again
+        state = session.replan(state, clock.now(), max_replans=3)
+    launched.append(state.members[0].plan.model_copy(update={"created_at": clock.now()}))
+    return deferrals
 
 
 def _near(a: datetime, b: datetime) -> bool:
@@ -179,3 +173,30 @@ def test_bad_operator_arguments_fail_at_parse_time() -> None:
         CarbonAwareTrainingOperator(task_id="x", job=JOB, deadline_time_utc="7am")
     with pytest.raises(ValueError, match="max_replans=-1"):
         CarbonAwareTrainingOperator(task_id="y", job=JOB, max_replans=-1)
+
+
+def test_in_replay_a_wall_clock_finish_by_is_moved_onto_the_replayed_clock() -> None:
+    """Finding: with replay on, a finish-by one hour ahead (validated against the real clock) was 3.7 years
+    ahead on the replayed clock and the task deferred 250 times. Now it is the same distance ahead of the
+    replayed now, and the operator defers once, to a start inside that window, with a typed wait state."""
+    finish_by = datetime.now(UTC) + timedelta(hours=12)  # the night's low-carbon hours lie inside it
+    job = {**JOB, "finish_by": finish_by.isoformat()}
+    op = CarbonAwareTrainingOperator(task_id="train", job=job, profile_task_id="profile", replay=True,
+                                     replay_min_wait_s=0)  # fmt: skip
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({"ti": _Ti(_profile()), "run_id": "replay-finish-by"})
+    trigger = deferred.value.trigger
+    state = WaitState.read(trigger.state)
+    clock_now = datetime.now(UTC) + timedelta(seconds=trigger.clock_offset_s)
+    [member] = state.members
+    assert member.job.finish_by is not None
+    assert abs((member.job.finish_by - clock_now) - timedelta(hours=12)) < timedelta(minutes=1)
+    assert datetime.fromisoformat(trigger.wake_at) - clock_now <= timedelta(hours=12)
+    assert deferred.value.method_name == "execute_complete"
+
+
+def test_operator_needs_a_job_or_a_gpu_group_of_a_night_plan() -> None:
+    with pytest.raises(ValueError, match="either job="):
+        CarbonAwareTrainingOperator(task_id="a")
+    with pytest.raises(ValueError, match="needs night_plan_task_id"):
+        CarbonAwareTrainingOperator(task_id="b", gpu_group=["x"])

@@ -46,3 +46,14 @@ def test_fifty_profiles_from_one_night_do_not_all_rerun_a_week_later():
 def test_negative_budget_is_refused_by_name():
     with pytest.raises(ValueError, match="budget_gpu_s=-1"):
         profiles_to_refresh([], NOW, budget_gpu_s=-1)
+
+
+def test_drift_is_a_moving_ratio_not_a_steady_one() -> None:
+    """Realised/predicted energy that stays put (fixed costs the planner learns) is no reason to re-profile;
+    one that moves by more than a quarter over the last runs is, and the operator says so."""
+    from carbonflow.profiling.refresh import drift_reason
+
+    assert drift_reason([1.4, 1.5, 1.4, 1.45, 1.5, 1.4]) is None  # steady: fixed costs
+    assert drift_reason([1.0, 1.1]) is None  # too few runs to tell
+    reason = drift_reason([1.0, 1.05, 0.95, 1.0, 1.6, 1.7, 1.65])
+    assert reason is not None and "from 1.00 to 1.65" in reason
