@@ -29,8 +29,12 @@ What carbonflow pays for its knowledge (nothing is free):
   profiled steps count as training, the rest of that epoch runs at the chosen limit;
 * with batch size: the default batch size is profiled JIT in its first run (as above); any other batch
   size lazily, once the explorer would weigh it (a neighbour of a batch size known to converge), the same
-  windows, charged as pure overhead (its work is discarded) and against the explorer's budget; the
-  default's cost per epoch (b0 at the highest limit, measured by that profile) sets the budget. Window sizes
+  windows, charged as pure overhead (its work is discarded) and against the explorer's budget, and only while
+  that budget covers one (priced as the default's profile cost: where the default is already the best
+  configuration nothing has been saved to pay for profiling); the default's cost per epoch (b0 at the highest
+  limit, measured by that profile) sets the budget. What the explorer learns from a run is the run at its
+  chosen limit — carbonflow measures runs apart from their profile — while the profiling slices of a JIT first
+  run are charged to the budget (the cumulative cost counts everything either way). Window sizes
   in epochs need each dataset's training-set size, which Zeus's traces do not hold: SAMPLES_PER_EPOCH gives
   the public figures.
 
@@ -94,6 +98,8 @@ class Outcome:
     energy_j: float = 0.0
     time_s: float = 0.0
     configs: list[tuple[int, int]] = field(default_factory=list)  # (bs, pl) of each recurrence's final run
+    profiling_cost: float = 0.0
+    """Of ``cost``: separate profiling passes whose work is discarded (carbonflow's lazily profiled batch sizes)."""
 
 
 class Workload:
@@ -223,6 +229,16 @@ def run_config(
     return energy, time_s, reached, n
 
 
+def split_jit_cost(w: Workload, bs: int, pl: int, epochs: float, cost: float) -> tuple[float, float]:
+    """(the run's cost at its chosen limit, the rest): what carbonflow's explorer learns from a run and what it
+    charges to its budget. carbonflow measures a run apart from its profile (the profiler is a separate pass),
+    so a batch size's cost to target must not carry the profiling slices of its first run — at low limits they
+    cost several times an epoch at the chosen one. The total charged (``cost``) is unchanged."""
+    t, p = w.epoch(bs, pl)
+    run_cost = zeus_cost(epochs * t * p, epochs * t, ETA, w.max_power)
+    return run_cost, cost - run_cost
+
+
 def simulate_carbonflow(w: Workload, n_rec: int, seed: int, with_bs: bool) -> Outcome:
     rng = np.random.default_rng(seed)
     rng_bso = np.random.default_rng([seed, 1])
@@ -233,6 +249,7 @@ def simulate_carbonflow(w: Workload, n_rec: int, seed: int, with_bs: bool) -> Ou
         # The default batch size is profiled JIT in its first run (as carbonflow_pl does); the profile's
         # highest limit there is the default configuration: its cost per epoch bounds the exploration budget.
         jit0 = profile_power(w, w.b0)
+        jit0_cost = zeus_cost(jit0[1], jit0[2], ETA, w.max_power)
         chosen_pl[w.b0] = jit0[0]
         pending_jit[w.b0] = jit0
         prior = {w.b0: w.epoch_cost(w.b0, jit0[0])}
@@ -246,10 +263,13 @@ def simulate_carbonflow(w: Workload, n_rec: int, seed: int, with_bs: bool) -> Ou
             if not with_bs:
                 bs = w.b0
             elif attempt == 0:
-                for b in explorer.unprofiled():  # lazily: only what the explorer would weigh next
+                # lazily: only what the explorer would weigh next, and only while its budget covers a profile
+                # (priced as profiling the default batch size cost)
+                for b in explorer.unprofiled(profile_cost=jit0_cost):
                     pl_b, e, t, _ = profile_power(w, b)  # its work is discarded: pure overhead
                     overhead = zeus_cost(e, t, ETA, w.max_power)
                     out.cost += overhead
+                    out.profiling_cost += overhead
                     out.energy_j += e
                     out.time_s += t
                     explorer.charge(overhead)
@@ -267,7 +287,9 @@ def simulate_carbonflow(w: Workload, n_rec: int, seed: int, with_bs: bool) -> Ou
             energy, time_s, reached, epochs = run_config(w, bs, pl, rng, cost_ub, jit)
             cost = zeus_cost(energy, time_s, ETA, w.max_power)
             if with_bs:
-                explorer.observe(bs, cost, reached, epochs if reached else None)
+                run_cost, profiling_extra = split_jit_cost(w, bs, pl, epochs, cost)
+                explorer.observe(bs, run_cost, reached, epochs if reached else None)
+                explorer.charge(profiling_extra)
             if energy == 0 and time_s == 0 and not reached:
                 continue
             out.cost += cost
@@ -351,6 +373,7 @@ def steady(w: Workload, outcomes: list[Outcome]) -> dict[str, float]:
 def summarise(w: Workload, outcomes: list[Outcome]) -> dict[str, object]:
     return {
         "cumulative_cost": float(np.mean([o.cost for o in outcomes])),
+        "cumulative_profiling_pass_cost": float(np.mean([o.profiling_cost for o in outcomes])),
         "cumulative_energy_j": float(np.mean([o.energy_j for o in outcomes])),
         "cumulative_time_s": float(np.mean([o.time_s for o in outcomes])),
         "steady": steady(w, outcomes),
@@ -446,7 +469,33 @@ def run_pair(gpu: str, spec: tuple, train: pd.DataFrame, seeds: list[int], rec_s
     row["carbonflow_cumulative_over_default"] = cum("carbonflow") / cum("default")
     row["carbonflow_pl_cumulative_over_zeus_pl"] = cum("carbonflow_pl") / cum("zeus_pl")
     row["zeus_cumulative_over_default"] = cum("zeus") / cum("default")
+    passes = float(row["carbonflow"]["cumulative_profiling_pass_cost"])  # type: ignore[index]
+    row["carbonflow_profiling_passes_over_zeus"] = passes / cum("zeus")
     return row
+
+
+def why_not_met(rows: list[dict], summary: dict) -> dict[str, str]:
+    """Per unmet target against Zeus, the measured reason: how much of carbonflow's cumulative cost is separate
+    profiling passes of batch sizes (charged, by Zeus's rule, an epoch's worth of discarded work each, where
+    Zeus profiles inside its first run at a size and keeps that work)."""
+    out: dict[str, str] = {}
+    t = summary["targets"]
+    share = [r["carbonflow_profiling_passes_over_zeus"] for r in rows]
+    without = [r["carbonflow_cumulative_over_zeus"] - s for r, s in zip(rows, share, strict=True)]
+    if not t["cumulative_mean_le_0.97_zeus"]:
+        out["cumulative_mean_le_0.97_zeus"] = (
+            f"mean {summary['mean_carbonflow_cumulative_over_zeus']:.4f} x Zeus; of it, carbonflow's separate "
+            f"profiling passes of batch sizes are {np.mean(share):.4f} x Zeus's cost on average (profiling rule "
+            f"{PROFILING_RULE!r}); the rest of its cost is {np.mean(without):.4f} x Zeus's"
+        )
+    if not t["cumulative_le_1.02_zeus_every_pair"]:
+        worst = max(rows, key=lambda r: r["carbonflow_cumulative_over_zeus"])
+        out["cumulative_le_1.02_zeus_every_pair"] = (
+            f"{worst['gpu']} {worst['workload']}: {worst['carbonflow_cumulative_over_zeus']:.4f} x Zeus; both "
+            f"explore every batch size there, carbonflow's separate profiling passes are "
+            f"{worst['carbonflow_profiling_passes_over_zeus']:.4f} x Zeus's cost"
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -521,8 +570,10 @@ def main(argv: list[str] | None = None) -> int:
         "cumulative_mean_le_0.97_zeus": summary["mean_carbonflow_cumulative_over_zeus"] <= 0.97,
         "cumulative_le_1.02_zeus_every_pair": summary["max_carbonflow_cumulative_over_zeus"] <= 1.02,
         "le_1.001_default_every_pair": summary["max_carbonflow_cumulative_over_default"] <= 1.001,
-        "pl_only_le_zeus_pl_every_pair": summary["max_carbonflow_pl_cumulative_over_zeus_pl"] <= 1.0,
+        # equal within float noise counts as equal (with the same profiling rule both choose the same limits)
+        "pl_only_le_zeus_pl_every_pair": summary["max_carbonflow_pl_cumulative_over_zeus_pl"] <= 1.0 + 1e-9,
     }
+    summary["why_not_met"] = why_not_met(rows, summary)
     result = {
         "benchmark": "vs_zeus",
         "label": "simulated (trace-driven replay of Zeus's published measurements)",
@@ -532,6 +583,11 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": seeds,
         "quick": args.quick,
         "profiling_rule": PROFILING_RULE,
+        "profiling_rule_note": (
+            "zeus: carbonflow's profiling charged as Zeus's simulator charges Zeus's, 1/|P| of an epoch per limit "
+            "(equal accounting: the figure that counts; vs_zeus.json); own: carbonflow's real profiler window, "
+            "35 steps per limit (vs_zeus_own_profiling.json), stated beside it"
+        ),
         "elapsed_s": time.perf_counter() - t0,
         "summary": summary,
         "rows": rows,

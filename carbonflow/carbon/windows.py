@@ -321,16 +321,30 @@ def _held(t0: np.ndarray, t1: np.ndarray, val: np.ndarray, lo: float, hi: float)
 
 
 def held_window_means(
-    forecast: Forecast, origin: datetime, start_s: np.ndarray | float, duration_s: np.ndarray | float
+    forecast: Forecast,
+    origin: datetime,
+    start_s: np.ndarray | float,
+    duration_s: np.ndarray | float,
+    *,
+    history: Sequence[ForecastPoint] | None = None,
+    error_model: LeadTimeErrorModel | None = None,
 ) -> np.ndarray:
     """Mean forecast intensity over ``[origin + start, origin + start + duration)`` for many windows, the first
     and last values held beyond the forecast and gaps holding the previous value (as :func:`search_starts`
-    with ``hold_edges``); a zero-length window gets the value at its start."""
+    with ``hold_edges``); a zero-length window gets the value at its start.
+
+    With ``history`` (recent actuals) the means are of the robust posterior :func:`search_starts` ranks by (the
+    forecast shrunk toward the recent daily profile by lead-time error), so windows found some other way (a
+    co-located pair's overlap and tail) are ranked on the same footing as the one start search's."""
     start = np.atleast_1d(np.asarray(start_s, dtype=float))
     dur = np.broadcast_to(np.asarray(duration_s, dtype=float), start.shape)
     t0, t1, val = _arrays(forecast.points, origin)
+    lo = min(0.0, float(start.min(initial=0.0))) - 1.0
     hi = float(np.max(start + dur, initial=0.0))
-    t0, t1, val = _held(t0, t1, val, min(0.0, float(start.min(initial=0.0))) - 1.0, hi + 1.0)
+    t0, t1, val = _held(t0, t1, val, lo, hi + 1.0)
+    if history:
+        o = origin.timestamp()
+        val, _, _ = _robust_series(forecast, t0 + o, t1 + o, val, (o + lo, o + hi + 1.0), history, error_model)
     x, f, c = _cumulative(t0, t1, val)  # seconds after origin: no precision lost to epoch timestamps
     mean, _ = _window_stats(x, f, c, start, start + np.maximum(dur, 1e-6))
     return mean

@@ -28,11 +28,17 @@ cost per epoch per batch size is known from the profile (a short profiling windo
    sizes and, when the number of recurrences is known, shrinks as √(remaining / horizon) (information is
    worth less as fewer recurrences remain).
 
+An arm's cost is a run's realised energy; a run that shared its GPU counts at what its configuration costs
+alone by the profile (its measured energy is a share of the pair's). Epochs to target per batch size are
+predicted by :func:`expected_epochs`, the mean over the last ``EPOCHS_HISTORY_RUNS`` runs.
+
 Deadline margin for a job trained to a target: epochs to target vary from run to run, so the latest start is
-planned for :func:`deadline_epochs` — ``DEADLINE_EPOCH_MARGIN`` × the most epochs a recent run at this batch
-size needed, at most the job's epoch budget (the budget itself until ``DEADLINE_MIN_RUNS`` runs reached the
-target) — and, when the caller stops exploratory runs early, at most the explorer's threshold, plus the time to
-rerun at the best known batch size (:func:`deadline_margins`).
+planned for :func:`deadline_epochs` — :func:`deadline_margin` × the most epochs one of the last
+``DEADLINE_HISTORY_RUNS`` runs at this batch size needed, at most the job's epoch budget (the budget itself until
+``DEADLINE_MIN_RUNS`` runs reached the target). The margin is learned tighter as the history grows: 1.5 × up to
+30 runs, then its excess shrinking as 30/n to a floor of 1.1 × from 150 runs (the chance that the next run needs
+more than all n seen is 1/(n+1)). When the caller stops exploratory runs early,
+at most the explorer's threshold, plus the time to rerun at the best known batch size (:func:`deadline_margins`).
 """
 
 from __future__ import annotations
@@ -45,15 +51,31 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from carbonflow.models import Config, JobSpec, Profile, ProfilePoint
-from carbonflow.planning.learning import JobHistory
+from carbonflow.planning.learning import JobHistory, RealisedRun
 
 if TYPE_CHECKING:
     from carbonflow.planning.optimizer import Candidate
 
 DEADLINE_EPOCH_MARGIN = 1.5
-"""Latest start of a job trained to a target: for this × the most epochs a recent run needed (see module doc)."""
+"""Latest start of a job trained to a target, with ``DEADLINE_MIN_RUNS`` runs seen at its batch size: for this ×
+the most epochs one of them needed (see :func:`deadline_margin` for how it tightens as runs accumulate)."""
 DEADLINE_MIN_RUNS = 3
 """Fewer runs that reached the target at a batch size than this: the deadline is planned for the whole budget."""
+DEADLINE_MARGIN_FLOOR = 1.1
+"""However long the history, the latest start keeps at least this × the most epochs seen."""
+DEADLINE_STABLE_RUNS = 30
+"""Up to this many runs at a batch size the margin stays ``DEADLINE_EPOCH_MARGIN``; beyond, its excess over 1
+shrinks as ``DEADLINE_STABLE_RUNS / n`` — in proportion to the chance, 1/(n+1), that the next run needs more
+epochs than every one of the n seen (see :func:`deadline_margin`)."""
+DEADLINE_HISTORY_RUNS = 150
+"""The most epochs seen is taken over this many latest runs at the batch size (far longer than the drift window
+of the mean: a rare long run — a bimodal path, one seed in ten — must stay in view)."""
+EPOCHS_HISTORY_RUNS = 40
+"""Epochs to target at a batch size are predicted as their mean over this many latest runs that reached the
+target there (:func:`expected_epochs`). Epochs to target vary run to run (often a discrete 4 or 5): the mean of
+the history's 10-run drift window wanders, and a batch size left after an unlucky streak keeps that streak as
+its prediction; 40 runs keep the standard error near a sixth of the run-to-run spread and still follow a drift
+within weeks of nightly runs."""
 
 
 def batch_size_of(config: Config, spec: JobSpec) -> int:
@@ -221,14 +243,21 @@ class BatchSizeExplorer:
             and (not converged or {i - 1, i + 1} & converged)  # no long extrapolations
         ]
 
-    def unprofiled(self) -> list[int]:
+    def unprofiled(self, profile_cost: float = 0.0) -> list[int]:
         """Batch sizes the explorer would weigh next but has no profile of (profile them, then :meth:`add_profile`).
 
         Empty until the default batch size has run: only neighbours of a batch size known to converge count.
+        ``profile_cost``: what profiling one batch size costs (the objective's units; trains nothing). A
+        conservative explorer (``default_cost_per_epoch`` given) asks for no more profiles than its
+        :meth:`budget` covers — profiling is exploration too, and where the default is already the best
+        configuration nothing has been saved to pay for it.
         """
         if not self.runs:
             return []
-        return [b for b in self._weighable() if b not in self.prior_cost_per_epoch]
+        wanted = [b for b in self._weighable() if b not in self.prior_cost_per_epoch]
+        if profile_cost > 0 and self.default_cost_per_epoch is not None:
+            return wanted[: max(0, int(self.budget() // profile_cost))]
+        return wanted
 
     def add_profile(self, batch_size: int, cost_per_epoch: float) -> None:
         """The profiled cost of one epoch at ``batch_size`` (at its best power limit)."""
@@ -399,8 +428,26 @@ def batch_size_explorer(spec: JobSpec, profile: Profile, history: JobHistory | N
     explorer = BatchSizeExplorer(sizes, spec.batch_size, prior, default_cost_per_epoch=default_cost)
     for r in history.for_job(spec.name):
         if r.batch_size in prior:
-            explorer.observe(r.batch_size, r.realised_energy_j, bool(r.reached_target), r.epochs)  # type: ignore[arg-type]
+            explorer.observe(r.batch_size, _solo_cost_j(r, profile, spec, prior), bool(r.reached_target), r.epochs)  # type: ignore[arg-type]
     return explorer
+
+
+def _solo_cost_j(r: RealisedRun, profile: Profile, spec: JobSpec, prior: Mapping[int, float]) -> float:
+    """A run's cost as the explorer counts it: its realised energy, except for a run that shared its GPU, whose
+    energy is a share of the pair's and says nothing about its batch size alone: the profile's energy per epoch
+    at its configuration (else the batch size's least) × the epochs it ran."""
+    if not r.colocated_with or not r.epochs or not profile.samples_per_epoch:
+        return r.realised_energy_j
+    spe = profile.samples_per_epoch
+    for p in profile.points:
+        if (
+            batch_size_of(p.config, spec) == r.batch_size
+            and p.config.power_limit_w == r.power_limit_w
+            and p.throughput_samples_per_s > 0
+            and not p.config.colocation_group
+        ):
+            return point_power_w(p) / p.throughput_samples_per_s * spe * r.epochs
+    return prior[r.batch_size] * r.epochs  # type: ignore[index]
 
 
 def choose_batch_size(spec: JobSpec, profile: Profile, history: JobHistory | None, seed: int = 0) -> int | None:
@@ -415,27 +462,40 @@ def choose_batch_size(spec: JobSpec, profile: Profile, history: JobHistory | Non
     return explorer.choose(np.random.default_rng([seed, explorer.runs]))
 
 
+def expected_epochs(history: JobHistory, job: str, batch_size: int | None) -> float | None:
+    """Mean epochs ``job`` needed to reach its target at ``batch_size`` over its last ``EPOCHS_HISTORY_RUNS``
+    runs that reached it there (None: none did)."""
+    seen = history.epochs_reached(job, batch_size, EPOCHS_HISTORY_RUNS)
+    return float(np.mean(seen)) if seen else None
+
+
+def deadline_margin(runs: int) -> float:
+    """The factor over the most epochs seen that a target-trained job's latest start is planned for, given
+    ``runs`` runs at the batch size that reached the target: ``DEADLINE_EPOCH_MARGIN`` up to
+    ``DEADLINE_STABLE_RUNS`` runs, then ``1 + (DEADLINE_EPOCH_MARGIN − 1) · DEADLINE_STABLE_RUNS / runs``, at least
+    ``DEADLINE_MARGIN_FLOOR`` (1.5 to 30 runs, 1.25 at 60, 1.15 at 100, the floor 1.1 from 150). The chance that
+    the next run needs more epochs than all ``runs`` seen is 1/(runs + 1): the room kept for it shrinks alike."""
+    if runs < 1:
+        raise ValueError(f"runs={runs} is not allowed; give the number of runs seen (>= 1)")
+    excess = (DEADLINE_EPOCH_MARGIN - 1.0) * min(1.0, DEADLINE_STABLE_RUNS / runs)
+    return max(DEADLINE_MARGIN_FLOOR, 1.0 + excess)
+
+
 def deadline_epochs(spec: JobSpec, history: JobHistory | None, batch_size: int | None) -> float | None:
     """Epochs a target-trained job's deadline is planned for at ``batch_size`` (None: not trained to a target).
 
-    ``DEADLINE_EPOCH_MARGIN`` × the most epochs a recent run (the history's drift window) that reached the
-    target at this batch size needed, at most ``spec.epochs``; ``spec.epochs`` while fewer than
-    ``DEADLINE_MIN_RUNS`` runs did (epochs to target can be bimodal: ImageNet at batch 192 needs 20–22 or 31).
+    :func:`deadline_margin` (by the number of runs seen) × the most epochs one of the last
+    ``DEADLINE_HISTORY_RUNS`` runs that reached the target at this batch size needed, at most ``spec.epochs``;
+    ``spec.epochs`` while fewer than ``DEADLINE_MIN_RUNS`` runs did (epochs to target can be bimodal: ImageNet at
+    batch 192 needs 20–22 or 31).
     """
     if spec.target_metric is None or spec.epochs is None or history is None:
         return None
     bs = batch_size if batch_size is not None else spec.batch_size
-    seen = [
-        r.epochs
-        for r in history.for_job(spec.name)
-        if (r.batch_size if r.batch_size is not None else spec.batch_size) == bs
-        and r.reached_target
-        and r.epochs is not None
-        and r.epochs > 0
-    ][-history.drift_window :]
+    seen = history.epochs_reached(spec.name, bs, DEADLINE_HISTORY_RUNS, default_batch_size=spec.batch_size)
     if len(seen) < DEADLINE_MIN_RUNS:
         return float(spec.epochs)
-    return min(float(spec.epochs), DEADLINE_EPOCH_MARGIN * max(seen))
+    return min(float(spec.epochs), deadline_margin(len(seen)) * max(seen))
 
 
 def deadline_margins(

@@ -38,8 +38,8 @@ import numpy as np
 
 from carbonflow.carbon.windows import held_window_means, slot_boundaries_s
 from carbonflow.models import Config, EnergyLabel, Forecast, ForecastPoint, JobSpec, Plan, Profile
-from carbonflow.planning.batch_size import batch_size_explorer, batch_size_of, deadline_epochs
-from carbonflow.planning.learning import JobHistory
+from carbonflow.planning.batch_size import batch_size_explorer, batch_size_of, deadline_epochs, point_power_w
+from carbonflow.planning.learning import JobHistory, slowdown_from_kept_speed
 from carbonflow.planning.optimizer import Candidate, DeadlineError, plan_job, predict_candidates
 from carbonflow.units import J_PER_KWH
 
@@ -100,6 +100,27 @@ def pair_timeline(solo_a_s: float, solo_b_s: float, speed_a: float, speed_b: flo
     return PairTimeline(t1, t1 + tail, t1, "a", tail)
 
 
+def pair_timeline_with_fixed(
+    solo_a_s: float, solo_b_s: float, fixed_a_s: float, fixed_b_s: float, speed_a: float, speed_b: float
+) -> PairTimeline:
+    """A pair's timeline when part of each solo run is fixed (start-up, data loading, evaluation): sharing the GPU
+    slows only the per-sample parts (:func:`pair_timeline` over ``solo − fixed``); each job's fixed part is added
+    to its own total, unslowed. ``overlap_s`` is then the time both jobs run, ``tail_s`` the rest. With no fixed
+    part this is :func:`pair_timeline`."""
+    if not 0 <= fixed_a_s < solo_a_s or not 0 <= fixed_b_s < solo_b_s:
+        raise ValueError(
+            f"fixed parts must be >= 0 and shorter than the runs; got fixed_a_s={fixed_a_s} of {solo_a_s}, "
+            f"fixed_b_s={fixed_b_s} of {solo_b_s}"
+        )
+    steps = pair_timeline(solo_a_s - fixed_a_s, solo_b_s - fixed_b_s, speed_a, speed_b)
+    if fixed_a_s == 0 and fixed_b_s == 0:
+        return steps
+    total_a, total_b = fixed_a_s + steps.total_a_s, fixed_b_s + steps.total_b_s
+    first, last = min(total_a, total_b), max(total_a, total_b)
+    tail_job = "" if last - first <= 1e-12 else ("a" if total_a > total_b else "b")
+    return PairTimeline(first, total_a, total_b, tail_job, last - first)
+
+
 def _lookup_speeds(job_a: str, job_b: str, pair_profiles: Sequence[PairProfile] | None) -> tuple[float, float] | None:
     for profile in pair_profiles or ():
         speeds = profile.speeds(job_a, job_b)
@@ -122,16 +143,20 @@ def predict_pair_slowdown(
     solo_b_s: float,
     pair_profiles: Sequence[PairProfile] | None = None,
     history: JobHistory | None = None,
+    fixed_a_s: float = 0.0,
+    fixed_b_s: float = 0.0,
 ) -> tuple[float, float] | None:
-    """Predicted slowdown (fraction) of each job when co-located; the worse of pair profile and history.
+    """Predicted slowdown (fraction) of each job's run when co-located; the worse of pair profile and history.
 
-    None when neither a pair profile nor a past co-location of the two is known: such a pair is never
-    co-located (EaCO co-locates only with experiment- or history-based predictions).
+    ``fixed_*_s``: each job's fixed part of ``solo_*_s`` (start-up, data loading, evaluation), which sharing the
+    GPU does not slow (:func:`pair_timeline_with_fixed`). None when neither a pair profile nor a past co-location
+    of the two is known: such a pair is never co-located (EaCO co-locates only with experiment- or history-based
+    predictions).
     """
     speeds = _lookup_speeds(job_a, job_b, pair_profiles)
     predicted: tuple[float, float] | None = None
     if speeds is not None:
-        tl = pair_timeline(solo_a_s, solo_b_s, *speeds)
+        tl = pair_timeline_with_fixed(solo_a_s, solo_b_s, fixed_a_s, fixed_b_s, *speeds)
         predicted = (tl.total_a_s / solo_a_s - 1, tl.total_b_s / solo_b_s - 1)
     if history is not None:
         seen_a, seen_b = history.pair_slowdown(job_a, job_b), history.pair_slowdown(job_b, job_a)
@@ -216,23 +241,41 @@ def _pair_option(
     now: datetime,
     history: JobHistory | None,
     refs: dict[str, Candidate] | None = None,
+    intensity_history: Sequence[ForecastPoint] | None = None,
 ) -> _PairOption | None:
     """Best joint start of a co-located pair (each at its reference configuration) and its saving.
 
-    ``refs`` remembers each job's reference prediction across the night's pairs."""
+    ``refs`` remembers each job's reference prediction across the night's pairs. With ``intensity_history``
+    the pair's starts are ranked, and the pair compared with the two solo plans, on the robust posterior the
+    one start search ranks by (:func:`~carbonflow.carbon.windows.held_window_means` with ``history``): the
+    solo plans were chosen on it, so a pair judged on the raw forecast would win exactly where the raw forecast
+    is optimistic. The emissions reported are the forecast's own, as ``plan_job``'s are."""
     ref_a = _reference(spec_a, prof_a, history, refs)
     ref_b = _reference(spec_b, prof_b, history, refs)
     if ref_a.config.containers != 1 or ref_b.config.containers != 1:
         return None
-    slow = predict_pair_slowdown(spec_a.name, spec_b.name, ref_a.duration_s, ref_b.duration_s, [pair], history)
+    # Each job's fixed part (start-up, data loading, evaluation) is not slowed by sharing and draws no shared-GPU
+    # power: the pair shares over the per-sample parts (``steps``); ``tl`` adds the fixed parts.
+    fixed_s, fixed_j = (ref_a.fixed_s, ref_b.fixed_s), (ref_a.fixed_j, ref_b.fixed_j)
+    slow = predict_pair_slowdown(
+        spec_a.name, spec_b.name, ref_a.duration_s, ref_b.duration_s, [pair], history, *fixed_s
+    )
     if slow is None:
         return None
     speeds = pair.speeds(spec_a.name, spec_b.name)
     assert speeds is not None
-    tl = pair_timeline(ref_a.duration_s, ref_b.duration_s, *speeds)
+    steps = pair_timeline(ref_a.duration_s - fixed_s[0], ref_b.duration_s - fixed_s[1], *speeds)
+    tl = pair_timeline_with_fixed(ref_a.duration_s, ref_b.duration_s, *fixed_s, *speeds)
     # Jobs trained to a target: the latest start is planned for their likely most epochs (as plan_job does).
     fa, fb = _deadline_factor(spec_a, prof_a, history, ref_a), _deadline_factor(spec_b, prof_b, history, ref_b)
-    tl_deadline = pair_timeline(ref_a.duration_s * fa, ref_b.duration_s * fb, *speeds) if fa * fb > 1 else tl
+    tl_deadline = (
+        pair_timeline_with_fixed(
+            fixed_s[0] + (ref_a.duration_s - fixed_s[0]) * fa, fixed_s[1] + (ref_b.duration_s - fixed_s[1]) * fb,
+            *fixed_s, *speeds,
+        )
+        if fa * fb > 1
+        else tl
+    )  # fmt: skip
     latest = []
     for spec, total in ((spec_a, tl_deadline.total_a_s), (spec_b, tl_deadline.total_b_s)):
         if spec.finish_by is not None:
@@ -248,30 +291,51 @@ def _pair_option(
         starts += [b for b in bps if 0 < b < hi] + [b - tl.overlap_s for b in bps if 0 < b - tl.overlap_s < hi]
         starts += [b - tl.device_s for b in bps if 0 < b - tl.device_s < hi]
     s = np.unique(np.round(np.array(starts), 3))
-    overlap_e = pair.power_w * tl.overlap_s
-    tail_power = (ref_b if tl.tail_job == "b" else ref_a).power_w
-    tail_e = tail_power * tl.tail_s
-    if forecast is not None:
-        ci_overlap = held_window_means(forecast, now, s, tl.overlap_s)
-        ci_tail = held_window_means(forecast, now, s + tl.overlap_s, tl.tail_s)
-    else:
-        ci_overlap = ci_tail = np.ones(s.size)
-    em_overlap = overlap_e / J_PER_KWH * ci_overlap
-    em_tail = tail_e / J_PER_KWH * ci_tail
+    # Energy: both fixed parts and the shared steps at the pair's power while both run, then the tail job's steps
+    # alone at its own per-sample power.
+    shared_e = pair.power_w * steps.overlap_s
+    overlap_e = shared_e + fixed_j[0] + fixed_j[1]
+    t = 1 if steps.tail_job == "b" else 0
+    tail_ref = (ref_a, ref_b)[t]
+    tail_e = (tail_ref.energy_j - fixed_j[t]) / max(tail_ref.duration_s - fixed_s[t], 1e-12) * steps.tail_s
     objective_is_carbon = forecast is not None and spec_a.objective == "carbon" and spec_b.objective == "carbon"
-    total = em_overlap + em_tail if objective_is_carbon else np.full(s.size, overlap_e + tail_e)
-    best = int(np.lexsort((s, total))[0])
     solo = (
         plan_a.predicted_emissions_g + plan_b.predicted_emissions_g
         if objective_is_carbon
         else plan_a.predicted_energy_j + plan_b.predicted_energy_j
     )
-    # Attribute the overlap by kept speed share, the tail to the job that runs it.
-    share_a = speeds[0] / (speeds[0] + speeds[1])
-    e_a = overlap_e * share_a + (tail_e if tl.tail_job == "a" else 0.0)
-    e_b = overlap_e * (1 - share_a) + (tail_e if tl.tail_job == "b" else 0.0)
-    g_a = float(em_overlap[best]) * share_a + (float(em_tail[best]) if tl.tail_job == "a" else 0.0)
-    g_b = float(em_overlap[best]) * (1 - share_a) + (float(em_tail[best]) if tl.tail_job == "b" else 0.0)
+    if forecast is not None:
+        ci_overlap = held_window_means(forecast, now, s, tl.overlap_s)
+        ci_tail = held_window_means(forecast, now, s + tl.overlap_s, tl.tail_s)
+        rank_overlap, rank_tail = ci_overlap, ci_tail
+        if intensity_history and objective_is_carbon:
+            # One call, so pair and solo windows share one posterior (its level is matched over the windows).
+            solo_s = [(p.start - now).total_seconds() for p in (plan_a, plan_b)]
+            solo_d = [p.predicted_duration_s for p in (plan_a, plan_b)]
+            post = held_window_means(
+                forecast,
+                now,
+                np.concatenate([s, s + tl.overlap_s, solo_s]),
+                np.concatenate([np.full(s.size, tl.overlap_s), np.full(s.size, tl.tail_s), solo_d]),
+                history=intensity_history,
+            )
+            rank_overlap, rank_tail = post[: s.size], post[s.size : 2 * s.size]
+            solo = (plan_a.predicted_energy_j * post[-2] + plan_b.predicted_energy_j * post[-1]) / J_PER_KWH
+    else:
+        ci_overlap = ci_tail = rank_overlap = rank_tail = np.ones(s.size)
+    ranked = overlap_e / J_PER_KWH * rank_overlap + tail_e / J_PER_KWH * rank_tail
+    total = ranked if objective_is_carbon else np.full(s.size, overlap_e + tail_e)
+    best = int(np.lexsort((s, total))[0])
+    # Attribute the shared steps as the pair's wrapper splits them (solo power × kept speed), each fixed part to
+    # its own job, the tail to the job that runs it.
+    weight_a, weight_b = point_power_w(ref_a.point) * speeds[0], point_power_w(ref_b.point) * speeds[1]
+    share_a = weight_a / (weight_a + weight_b) if weight_a + weight_b > 0 else speeds[0] / (speeds[0] + speeds[1])
+    first = (shared_e * share_a + fixed_j[0], shared_e * (1 - share_a) + fixed_j[1])
+    tails = (tail_e if steps.tail_job == "a" else 0.0, tail_e if steps.tail_job == "b" else 0.0)
+    e_a, e_b = first[0] + tails[0], first[1] + tails[1]
+    ci_1 = float(ci_overlap[best]) / J_PER_KWH
+    ci_2 = float(ci_tail[best]) / J_PER_KWH
+    g_a, g_b = first[0] * ci_1 + tails[0] * ci_2, first[1] * ci_1 + tails[1] * ci_2
     if forecast is None:
         g_a = g_b = 0.0
     return _PairOption(
@@ -373,7 +437,18 @@ def plan_night(
         assert pair is not None
         try:
             opt = _pair_option(
-                sa, sb, profiles[a], profiles[b], solo[a], solo[b], pair, forecasts.get(sa.region), now, history, refs
+                sa,
+                sb,
+                profiles[a],
+                profiles[b],
+                solo[a],
+                solo[b],
+                pair,
+                forecasts.get(sa.region),
+                now,
+                history,
+                refs,
+                (intensity_history or {}).get(sa.region),
             )
         except (DeadlineError, ValueError):
             continue
@@ -394,11 +469,19 @@ def plan_night(
             _, ref, _ = predict_candidates(by_name[me], profiles[me], history)
             start = now + timedelta(seconds=opt.start_s)
             finish = start + timedelta(seconds=total_s)
+            pair = _lookup_pair(me, other, pair_profiles)
+            kept = pair.speeds(me, other) if pair is not None else None
+            sharing = (
+                ""
+                if kept is None or pair is None
+                else f"keeps {kept[0]:.2f} of its solo speed while both run "
+                f"({slowdown_from_kept_speed(kept[0]) * 100:.0f} % slower; {pair.label}), "
+            )
             reason = (
                 f"co-located with {other} on one GPU at {_w(ref.config.power_limit_w)}, start "
-                f"{'now' if opt.start_s == 0 else start.strftime('%H:%M') + ' UTC'}: predicted slowdown "
-                f"{slow * 100:.0f} % within {by_name[me].max_slowdown * 100:.0f} %, pair saves {opt.saving:.4g} "
-                f"{opt.unit} vs separate plans; finishes "
+                f"{'now' if opt.start_s == 0 else start.strftime('%H:%M') + ' UTC'}: {sharing}predicted run "
+                f"{slow * 100:.0f} % longer, within {by_name[me].max_slowdown * 100:.0f} %, pair saves "
+                f"{opt.saving:.4g} {opt.unit} vs separate plans; finishes "
                 f"{finish.strftime('%H:%M')}"
             )
             plans[me] = base.model_copy(

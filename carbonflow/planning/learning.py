@@ -14,8 +14,11 @@ API others call::
       .correction(job, config_key) -> Correction(time_factor, energy_factor, runs)   # per config (reports)
       .run_cost_model(job, profile_prediction) -> RunCostModel   # what the planner predicts with
       .epochs_to_target(job, batch_size) -> float | None
+      .epochs_reached(job, batch_size, last, default_batch_size=None) -> list[float]
       .pair_slowdown(job, other) -> float | None         # worst observed slowdown of job next to other
     fit_fixed_and_rate(profile_figures, realised) -> (fixed, factor)
+    slowdown_from_kept_speed(kept) -> float              # the one formula: 1 / kept − 1
+    kept_speed_from_slowdown(slowdown) -> float          # its inverse: 1 / (1 + slowdown)
     (the batch-size explorer: carbonflow.planning.batch_size)
 
 Prediction (what the planner uses): :class:`RunCostModel`, a per-run fixed part (start-up, data loading,
@@ -35,12 +38,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 import numpy as np
 
-from carbonflow.models import Plan, RunResult
+from carbonflow.models import Plan, RunResult, key_without_group
+
+
+def slowdown_from_kept_speed(kept: float) -> float:
+    """How much slower a job runs while it keeps ``kept`` of its solo speed: ``1 / kept − 1`` (0.75 → 0.33).
+
+    The one formula from a kept speed (co-location) to a slowdown, wherever one is printed or compared. A
+    whole run's extension (overlap, then the tail alone) is a different figure and is worded as such.
+    """
+    if not kept > 0:
+        raise ValueError(f"kept={kept} is not allowed; a kept fraction of solo speed is > 0")
+    return 1.0 / kept - 1.0
+
+
+def kept_speed_from_slowdown(slowdown: float) -> float:
+    """The kept speed a slowdown stands for: ``1 / (1 + slowdown)``, the inverse of :func:`slowdown_from_kept_speed`."""
+    if not slowdown > -1:
+        raise ValueError(f"slowdown={slowdown} is not allowed; a slowdown is > -1")
+    return 1.0 / (1.0 + slowdown)
 
 
 @dataclass(frozen=True)
@@ -62,6 +83,13 @@ class RealisedRun:
     cost: float | None = None
     colocated_with: tuple[str, ...] = ()
     observed_slowdown: float | None = None
+    samples: float | None = None
+    """The work the run did (samples reported): what its cost is compared at, whatever tonight's work is."""
+    sharing_lost_s: float | None = None
+    """Co-located: the time the run lost because it shared its GPU ((1 − kept speed) × time both worked), as the
+    pair's wrapper measured it; None when not known (the run then says nothing about the job alone)."""
+    sharing_energy_j: float | None = None
+    """Co-located: energy charged while both worked − what the same work costs alone (negative: sharing saved)."""
 
     def __post_init__(self) -> None:
         if self.finished_at.tzinfo is None:
@@ -96,6 +124,25 @@ class RealisedRun:
             reached_target=reached_target,
             colocated_with=tuple(plan.colocated_with),
             observed_slowdown=observed_slowdown,
+            samples=float(result.samples) if result.samples else None,
+        )
+
+    def alone(self) -> RealisedRun | None:
+        """What this run says about the job alone: itself when it ran alone; a co-located run with its sharing
+        figures taken out (measured duration − ``sharing_lost_s``, energy − ``sharing_energy_j``), at its
+        configuration without the co-location group; None for a co-located run without them."""
+        if not self.colocated_with:
+            return self
+        if self.sharing_lost_s is None or self.sharing_energy_j is None:
+            return None
+        return replace(
+            self,
+            config_key=key_without_group(self.config_key),
+            realised_duration_s=max(self.realised_duration_s - self.sharing_lost_s, 0.0),
+            realised_energy_j=max(self.realised_energy_j - self.sharing_energy_j, 0.0),
+            colocated_with=(),
+            sharing_lost_s=None,
+            sharing_energy_j=None,
         )
 
 
@@ -214,13 +261,17 @@ class JobHistory:
     def run_cost_model(
         self, job: str, profile_prediction: Callable[[RealisedRun], tuple[float, float] | None]
     ) -> RunCostModel:
-        """The job's fixed + per-sample model from its last ``drift_window`` solo runs.
+        """The job's fixed + per-sample model from its last ``drift_window`` runs as they say about it alone.
 
-        ``profile_prediction(record)`` gives what the current profile predicts for that run's configuration
-        and work, without any correction (duration s, energy J), or None when it cannot (the run is skipped).
+        A solo run counts as it is; a co-located run counts through :meth:`RealisedRun.alone` (its sharing
+        figures taken out), so a night spent sharing a GPU still teaches the job's fixed costs; a co-located
+        run without sharing figures is skipped. ``profile_prediction(record)`` gives what the current profile
+        predicts for that run's configuration and work, without any correction (duration s, energy J), or None
+        when it cannot (the run is skipped).
         """
         seen = []
-        for r in [r for r in self.for_job(job) if not r.colocated_with][-self.drift_window :]:
+        alone = [a for a in (r.alone() for r in self.for_job(job)) if a is not None]
+        for r in alone[-self.drift_window :]:
             base = profile_prediction(r)
             if base is not None and r.realised_duration_s > 0 and r.realised_energy_j > 0:
                 seen.append((base, (r.realised_duration_s, r.realised_energy_j)))
@@ -232,14 +283,22 @@ class JobHistory:
 
     def epochs_to_target(self, job: str, batch_size: int | None) -> float | None:
         """Mean epochs the job needed to reach its target at this batch size (recent window), or None."""
-        runs = [
-            r
+        seen = self.epochs_reached(job, batch_size, self.drift_window)
+        return float(np.mean(seen)) if seen else None
+
+    def epochs_reached(
+        self, job: str, batch_size: int | None, last: int, default_batch_size: int | None = None
+    ) -> list[float]:
+        """Epochs each of the job's last ``last`` runs that reached its target at ``batch_size`` needed, oldest
+        first (a run recorded without a batch size counts as ``default_batch_size``)."""
+        return [
+            float(r.epochs)
             for r in self.for_job(job)
-            if r.batch_size == batch_size and r.reached_target and r.epochs is not None and r.epochs > 0
-        ][-self.drift_window :]
-        if not runs:
-            return None
-        return float(np.mean([r.epochs for r in runs if r.epochs is not None]))
+            if (r.batch_size if r.batch_size is not None else default_batch_size) == batch_size
+            and r.reached_target
+            and r.epochs is not None
+            and r.epochs > 0
+        ][-last:]
 
     def pair_slowdown(self, job: str, other: str) -> float | None:
         """The worst slowdown ``job`` showed while co-located with ``other`` (recent window), or None."""

@@ -18,7 +18,8 @@ API others call::
 How a plan is made
 ------------------
 * **Work.** ``epochs × profile.samples_per_epoch`` when the job gives epochs (for a job trained to a target
-  metric, the epochs the history says this batch size needs, capped at ``epochs``); otherwise
+  metric, the epochs the history says this batch size needs — their mean over its last 40 runs — capped at
+  ``epochs``); otherwise
   ``steps × spec.batch_size`` samples, the same number of samples whatever batch size is chosen.
 * **Batch size** (opt-in: ``batch_sizes`` and ``target_metric`` set, history given): tonight's batch size
   comes from :func:`choose_batch_size` (exploration across recurrences); the other knobs are chosen for it.
@@ -40,9 +41,11 @@ How a plan is made
   falls back to ``energy`` (at any fixed intensity carbon is proportional to energy); the reason says so.
 * **Deadline margin for a job trained to a target** (``target_metric`` set, history given): epochs to target
   vary from run to run, so the latest start is computed for :func:`deadline_epochs` — the most epochs a
-  recent run at this batch size needed × ``DEADLINE_EPOCH_MARGIN``, at most ``spec.epochs`` (the job's epoch
-  budget; the budget itself until ``DEADLINE_MIN_RUNS`` runs at this batch size reached the target) — not for
-  the expected epochs the cost is computed with; with ``early_stop=True`` (the caller stops a run at the
+  recent run at this batch size needed × :func:`~carbonflow.planning.batch_size.deadline_margin` (1.5 up to 30
+  runs, learned tighter as runs accumulate, 1.1 from 150), at most ``spec.epochs`` (the job's epoch budget; the
+  budget itself until ``DEADLINE_MIN_RUNS`` runs at this batch size reached the target) — not for the expected
+  epochs the cost is computed with (:func:`~carbonflow.planning.batch_size.expected_epochs`, the mean of the last
+  40 runs); with ``early_stop=True`` (the caller stops a run at the
   explorer's threshold) at most that threshold, and for an untried batch size plus the time to rerun at the
   best known one. Configurations without that room are left
   out while one has it; a learned batch size none of whose configurations has it falls back to the best
@@ -69,6 +72,7 @@ import numpy as np
 
 from carbonflow.carbon.windows import StartSearch, search_starts
 from carbonflow.models import (
+    PROFILE_NOISE,
     Config,
     Forecast,
     ForecastPoint,
@@ -83,6 +87,7 @@ from carbonflow.planning.batch_size import (
     batch_size_explorer,
     batch_size_of,
     deadline_margins,
+    expected_epochs,
     point_power_w,
 )
 from carbonflow.planning.costs import (
@@ -112,6 +117,8 @@ class Candidate:
     within_slowdown: bool
     fixed_s: float = 0.0
     """The per-run fixed part of ``duration_s`` (start-up, data loading, evaluation), learned from past runs."""
+    fixed_j: float = 0.0
+    """The per-run fixed part of ``energy_j``, learned alike."""
 
     @property
     def config(self) -> Config:
@@ -140,9 +147,10 @@ def work_samples(
             )
         epochs = float(spec.epochs)
         if history is not None and spec.target_metric is not None:
-            learned = history.epochs_to_target(spec.name, batch_size if batch_size is not None else spec.batch_size)
+            bs = batch_size if batch_size is not None else spec.batch_size
+            learned = expected_epochs(history, spec.name, bs)
             if learned is None and batch_size is None:  # runs recorded without a batch size
-                learned = history.epochs_to_target(spec.name, None)
+                learned = expected_epochs(history, spec.name, None)
             if learned is not None:
                 epochs = min(epochs, learned)
         return epochs * profile.samples_per_epoch
@@ -203,7 +211,7 @@ def predict_candidates(
         if bs not in works:
             works[bs] = work_samples(spec, profile, bs, history)
             b = bs if bs is not None else spec.batch_size
-            if explorer is not None and history is not None and history.epochs_to_target(spec.name, b) is None:
+            if explorer is not None and history is not None and expected_epochs(history, spec.name, b) is None:
                 # An untried batch size: the epochs the explorer predicts from the sizes seen, within the budget.
                 guess = explorer.predicted_epochs(b) if b in explorer.arms else float("inf")
                 if np.isfinite(guess) and guess > 0 and profile.samples_per_epoch:
@@ -213,12 +221,13 @@ def predict_candidates(
     by_key = {p.config.key(): p for p in profile.points}
 
     def profile_prediction(r: RealisedRun) -> tuple[float, float] | None:
-        """What the profile alone predicts for a realised run: its configuration, its work."""
+        """What the profile alone predicts for a realised run: its configuration, the work *it* did (its epochs,
+        else the samples it reported; tonight's work only for a record that says neither)."""
         p = by_key.get(r.config_key)
         if p is None or p.throughput_samples_per_s <= 0:
             return None
-        work = r.epochs * profile.samples_per_epoch if r.epochs and profile.samples_per_epoch else None
-        duration = (work if work is not None else work_of(p.config.batch_size)) / p.throughput_samples_per_s
+        work = r.epochs * profile.samples_per_epoch if r.epochs and profile.samples_per_epoch else r.samples
+        duration = (work if work else work_of(p.config.batch_size)) / p.throughput_samples_per_s
         return duration, point_power_w(p) * duration
 
     model = history.run_cost_model(spec.name, profile_prediction) if history is not None else RunCostModel()
@@ -233,7 +242,8 @@ def predict_candidates(
     ref_candidate: Candidate | None = None
     for p in points:
         duration, energy = predict(p)
-        c = Candidate(p, duration, energy, duration / ref_duration - 1, duration <= bound * (1 + _EPS), model.fixed_s)
+        c = Candidate(p, duration, energy, duration / ref_duration - 1, duration <= bound * (1 + _EPS), model.fixed_s,
+                      model.fixed_j)  # fmt: skip
         candidates.append(c)
         if p is ref_point:
             ref_candidate = c
@@ -327,6 +337,7 @@ def plan_job(
     if forecast is not None and not forecast.points:
         forecast = None
     objective, notes = _objective_tonight(spec, forecast)
+    profile = decidable_profile(profile, notes)
     tonight = _candidates_tonight(spec, profile, history, now, early_stop, notes)  # candidates + predictions
     latest, squeezed = _latest_starts(spec, forecast, now, tonight)
     found = _start_search(forecast, now, tonight, latest, intensity_history)  # the one start search
@@ -371,6 +382,18 @@ def _objective_tonight(spec: JobSpec, forecast: Forecast | None) -> tuple[str, l
     if forecast is None and parse_objective(spec.objective)[0] == "carbon":
         return "energy", ["no forecast: starts now, carbon objective planned as energy"]
     return spec.objective, [] if forecast is not None else ["no forecast: starts now"]
+
+
+def decidable_profile(profile: Profile, notes: list[str] | None = None) -> Profile:
+    """The profile the planner may choose from: a profile whose points its own noise cannot tell apart (the
+    profiler says so in ``profile.notes``) keeps only its default-power-limit points, and the reason says why."""
+    noisy = [n for n in profile.notes if PROFILE_NOISE in n]
+    default = [p for p in profile.points if p.config.power_limit_w in (None, profile.default_power_limit_w)]
+    if not noisy or not default:
+        return profile
+    if notes is not None:
+        notes.append(noisy[0])
+    return profile.model_copy(update={"points": default})
 
 
 def _candidates_tonight(

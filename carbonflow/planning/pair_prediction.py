@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from carbonflow.models import Profile
+
 MIN_KEPT_SPEED = 0.05
 """Predictions are clipped to [MIN_KEPT_SPEED, 1]: a job never runs faster next to another than alone."""
 
@@ -172,3 +174,32 @@ def pairs_to_profile(
         chosen.append(PairToProfile(p.job_a, p.job_b, p, cost_s))
         spent_s += cost_s
     return chosen
+
+
+def solo_features(profile: Profile) -> SoloFeatures:
+    """What the predictor reads from a solo profile: GPU load and step time at the default limit, smallest batch."""
+    at_default = [p for p in profile.points if p.config.power_limit_w == profile.default_power_limit_w]
+    point = min(at_default or profile.points, key=lambda p: p.config.batch_size or 0)
+    limit_w = profile.default_power_limit_w or max(sum(point.power_per_device_w.values()), 1.0)
+    load = min(max(sum(point.power_per_device_w.values()) / limit_w, 1e-3), 1.5)
+    step_s = (point.config.batch_size or 1) / max(point.throughput_samples_per_s, 1e-9)
+    return SoloFeatures(profile.job, load, step_s)
+
+
+def choose_pairs(
+    candidates: Sequence[tuple[str, str]],
+    profiles: Mapping[str, Profile],
+    outcomes: Sequence[PairOutcome],
+    *,
+    max_pairs: int,
+    max_gpu_s: float,
+    pair_profile_gpu_s: float,
+) -> list[PairToProfile]:
+    """Tonight's pairs to profile among ``candidates`` (unknown pairs that could share a GPU), most promising
+    first, within ``max_pairs`` and ``max_gpu_s``; each pair profile costs ``pair_profile_gpu_s``."""
+    solo = {name: solo_features(profile) for name, profile in profiles.items()}
+    known = [o for o in outcomes if o.job_a in solo and o.job_b in solo]
+    predictor = fit_pair_predictor(solo, known)
+    predictions = [predictor.predict(solo[a], solo[b]) for a, b in candidates]
+    cost = {(p.job_a, p.job_b): pair_profile_gpu_s for p in predictions}
+    return pairs_to_profile(predictions, cost, max_pairs=max_pairs, max_gpu_s=max_gpu_s)

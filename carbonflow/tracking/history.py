@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
-from carbonflow.models import Profile
+from carbonflow.models import Profile, key_without_group
 from carbonflow.tracking import schema
 from carbonflow.tracking.spool import pending
 from carbonflow.tracking.uri import resolve_tracking_uri, server_reachable, short_http_timeouts
@@ -188,6 +188,17 @@ def latest_profile(
     return None
 
 
+def newest_profile(job: str, *, tracking_uri: str | None = None) -> Profile | None:
+    """The newest profile of ``job`` on any device and code version (None when it was never profiled)."""
+    uri = resolve_tracking_uri(tracking_uri)
+    views = run_views(job, schema.KIND_PROFILE, tracking_uri=uri, strict=True)
+    for view in sorted(views, key=lambda v: v.tags.get(schema.T_MEASURED_AT, ""), reverse=True):
+        profile = _load_profile(uri, view)
+        if profile is not None:
+            return profile
+    return None
+
+
 def _load_profile(uri: str, view: RunView) -> Profile | None:
     if view.source == "spool" and view.spool_path is not None:
         files = list((view.spool_path / "files").rglob(schema.A_PROFILE))
@@ -264,6 +275,11 @@ class RealisedVsPredicted:
     observed_slowdown: float | None = None
     succeeded: bool = True
     extra_metrics: dict[str, float] = field(default_factory=dict)
+    samples: float | None = None
+    """The samples the run reported (its work)."""
+    sharing_lost_s: float | None = None
+    """Co-located: time and energy the run spent because it shared its GPU (the pair wrapper's figures)."""
+    sharing_energy_j: float | None = None
 
     @property
     def duration_ratio(self) -> float | None:
@@ -299,6 +315,9 @@ class RealisedVsPredicted:
             reached_target=self.reached_target,
             colocated_with=self.colocated_with,
             observed_slowdown=self.observed_slowdown,
+            samples=self.samples,
+            sharing_lost_s=self.sharing_lost_s,
+            sharing_energy_j=self.sharing_energy_j,
         )
 
 
@@ -350,6 +369,9 @@ def _row(job: str, view: RunView) -> RealisedVsPredicted | None:
         observed_slowdown=_num(m, "observed_slowdown"),
         succeeded=(_num(m, schema.M_EXIT_CODE) or 0.0) == 0.0,
         extra_metrics={k: v for k, v in m.items() if k not in known},
+        samples=_num(m, schema.M_SAMPLES) or None,
+        sharing_lost_s=_num(m, schema.M_SHARING_LOST_S),
+        sharing_energy_j=_num(m, schema.M_SHARING_ENERGY_J),
     )
 
 
@@ -366,20 +388,15 @@ def realised_vs_predicted(
     return _with_slowdowns([row for row in (_row(job, view) for view in views) if row is not None])
 
 
-def _config_base(config_key: str) -> str:
-    """The configuration key without its co-location group suffix."""
-    return config_key.split("-g")[0]
-
-
 def _with_slowdowns(rows: list[RealisedVsPredicted]) -> list[RealisedVsPredicted]:
     """Fill ``observed_slowdown`` of co-located runs not carrying one: solo median throughput / own − 1."""
     solo: dict[str, list[float]] = {}
     for row in rows:
         if not row.colocated_with and row.succeeded and row.throughput_samples_per_s:
-            solo.setdefault(_config_base(row.config_key), []).append(row.throughput_samples_per_s)
+            solo.setdefault(key_without_group(row.config_key), []).append(row.throughput_samples_per_s)
     out = []
     for row in rows:
-        base = solo.get(_config_base(row.config_key))
+        base = solo.get(key_without_group(row.config_key))
         if row.colocated_with and row.observed_slowdown is None and base and row.throughput_samples_per_s:
             row = replace(row, observed_slowdown=statistics.median(base) / row.throughput_samples_per_s - 1)
         out.append(row)
@@ -411,12 +428,12 @@ def _pair_rows(job: str, partner: str, rows: list[RealisedVsPredicted]) -> list[
     solo: dict[str, list[float]] = {}
     for row in rows:
         if not row.colocated_with and row.succeeded and row.throughput_samples_per_s:
-            solo.setdefault(_config_base(row.config_key), []).append(row.throughput_samples_per_s)
+            solo.setdefault(key_without_group(row.config_key), []).append(row.throughput_samples_per_s)
     observations = []
     for row in rows:
         if partner not in row.colocated_with:
             continue
-        base = solo.get(_config_base(row.config_key))
+        base = solo.get(key_without_group(row.config_key))
         observations.append(
             PairObservation(
                 job=job,

@@ -5,7 +5,9 @@ V100 measurements of two different workloads, so the two jobs react differently 
 the training itself is the real digits CNN on this machine's CPU. When the two share one simulated
 GPU, each keeps the fraction of its solo speed Gavel measured on a V100 for the job types that stand
 for their Zeus workloads in carbonflow.simulation (ResNet-18 for the CIFAR-100 CNN, A3C for the light
-Sentiment140 job).
+Sentiment140 job): 1.00 / 0.75, so the light job runs 34 % slower while both work (1 / 0.75 − 1). It allows
+35 %, so the pair may share a GPU from the first night, before any run has taught the planner the jobs'
+fixed costs (start-up, data loading, evaluation), which sharing does not slow.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ DIGITS_CNN_WIDE_BATCH: dict[str, Any] = {
     "batch_size": 128,
     "region": "GB",
     "objective": "zeus:0.5",
-    "max_slowdown": 0.25,
+    "max_slowdown": 0.35,
     "min_accuracy": 0.95,
     "power_limits_w": [250, 200, 150],
     "profile_steps": 40,

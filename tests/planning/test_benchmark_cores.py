@@ -87,3 +87,116 @@ def test_vs_zeus_charges_profiling_by_zeus_rule_unless_told_otherwise():
     vz.PROFILING_RULE = "own"
     own = min(vz.PROFILE_STEPS * 64 / vz.SAMPLES_PER_EPOCH[dataset], 0.25)
     assert vz.profile_slice_epochs(w, 64) == pytest.approx(own)
+
+
+@pytest.mark.skipif(not (DATA / "zeus/summary_train.csv").exists(), reason="shared Zeus data not present")
+def test_nightly_bound_on_a_flat_night_chooses_on_expected_epochs_and_pays_tonights():
+    nc = _load("nightly_carbon")
+    now = datetime(2024, 3, 1, 18, tzinfo=UTC)
+    flat = Forecast(region="GB", provider="actual", signal_kind="average-lifecycle", issued_at=now,
+                    points=[ForecastPoint(start=now + timedelta(hours=h), length_s=3600, gco2_per_kwh=200.0)
+                            for h in range(24)])  # fmt: skip
+    types = nc.job_types()
+    night = nc.Night(0, 7, now, flat, {t.name: t for t in types})
+    jt = next(t for t in types if t.name.startswith("squad"))
+    energy, grams, duration, start_s, missed, target_missed = nc.bound_choice(night, jt, flat)
+    # by hand: the (batch size, limit) of least *expected* energy within 10 % of b0's expected time at 250 W
+    ref_s = jt.epochs * jt.model.time_per_epoch_s(jt.model.max_power_w)
+    _, bs, pl = min(
+        (float(np.mean(jt.paths[b])) * m.time_per_epoch_s(p) * m.average_power_w(p), b, p)
+        for b, m in jt.models.items()
+        for p in m.power_limits_w
+        if not np.isnan(jt.paths[b]).any()
+        and float(np.mean(jt.paths[b])) * m.time_per_epoch_s(p) <= ref_s * 1.1 * (1 + 1e-9)
+    )
+    m = jt.models[bs]
+    tonight = night.epochs_needed(jt.name, bs)  # ... realised on tonight's epochs at that batch size
+    assert duration == pytest.approx(tonight * m.time_per_epoch_s(pl))
+    assert energy == pytest.approx(duration * m.average_power_w(pl))
+    assert grams == pytest.approx(energy / J_PER_KWH * 200.0)
+    assert (start_s, missed, target_missed) == (0.0, False, False)
+    # with a margin the latest start leaves room for 1.1 x the most epochs a path needs: on a flat night the
+    # choice is the same (it starts now)
+    assert nc.bound_choice(night, jt, flat, margin=1.1)[:4] == pytest.approx((energy, grams, duration, 0.0))
+
+
+def test_nightly_decomposition_adds_up_to_the_distance_from_the_ceiling():
+    nc = _load("nightly_carbon")
+    r = {"oracle": {"carbon_reduction": 0.40}, "joint": {"carbon_reduction": 0.34}}
+    for k, v in zip(nc.BOUNDS, (0.38, 0.36, 0.355), strict=True):
+        r[k] = {"carbon_reduction": v}
+    d = nc.decomposition(r)
+    assert d == pytest.approx(
+        {"tonights_epochs": 0.05, "forecast": 0.05, "deadline_margins": 0.0125, "learning_and_rest": 0.0375}
+    )
+    assert sum(d.values()) == pytest.approx(1 - nc.fraction_of_oracle(r))
+
+
+def test_carbon_windows_reads_the_long_neso_archive_and_serves_issues_at_most_a_day(tmp_path):
+    cw = _load("carbon_windows")
+    rows = ["issued_at,slot_start,lead_h,forecast_gco2_per_kwh,actual_gco2_per_kwh"]
+    for day in (1, 3):  # 2 March has no issue
+        issued = datetime(2023, 3, day, 18, 1, tzinfo=UTC)
+        for k in range(96):
+            slot = datetime(2023, 3, day, 18, tzinfo=UTC) + timedelta(minutes=30 * k)
+            actual = "" if (day, k) == (1, 5) else ("0" if (day, k) == (1, 6) else str(100 + k))
+            lead = (slot + timedelta(minutes=30) - issued).total_seconds() / 3600
+            rows.append(f"{issued:%Y-%m-%dT%H:%M:%SZ},{slot:%Y-%m-%dT%H:%M:%SZ},{lead:.3f},{150 + k},{actual}")
+    path = tmp_path / "long.csv"
+    path.write_text("\n".join(rows) + "\n")
+    trace = cw.load_neso_long(path)
+    assert trace.slot_s == 1800.0 and trace.region == "GB" and trace.has_forecasts
+    assert len(trace.forecasts) == 192 and trace.forecasts["issued_at"].nunique() == 2
+    assert np.isnan(trace.actuals[datetime(2023, 3, 1, 20, 30, tzinfo=UTC)])  # not published
+    assert np.isnan(trace.actuals[datetime(2023, 3, 1, 21, tzinfo=UTC)])  # published as 0: treated as missing
+    assert trace.actuals[datetime(2023, 3, 1, 21, 30, tzinfo=UTC)] == 107.0
+    # 1-h jobs with 6 h of slack (7 h of slots from the start). Hourly: each issue serves the 24 starts after it
+    # (19:00 to 18:00), not the day without an issue; the 1 March starts at 19:00, 20:00 and 21:00 touch the
+    # missing actuals: 21 + 24 starts (serving 2 March too would add 17).
+    hourly = cw.published(trace, 0.0)
+    assert hourly[(1, 6)]["n_starts"] == 45
+    # At issue time only: 19:00 on 1 March touches them, 19:00 on 3 March is scored
+    assert cw.published(trace, 0.0, at_issue_only=True)[(1, 6)]["n_starts"] == 1
+
+
+def test_vs_zeus_explorer_learns_the_run_without_its_jit_slices():
+    from types import SimpleNamespace
+
+    vz = _load("vs_zeus")
+    # one epoch: 100 s at 200 W (20 kJ); MAXPOWER 300 W; eta 0.5: cost = 0.5 * E + 0.5 * 300 * T
+    w = SimpleNamespace(epoch=lambda bs, pl: (100.0, 200.0), max_power=300.0)
+    run_cost = 0.5 * 3 * 20_000.0 + 0.5 * 300.0 * 3 * 100.0  # 3 epochs at the chosen limit
+    total = run_cost + 7_000.0  # the first epoch's profiling slices cost 7 000 more
+    assert vz.split_jit_cost(w, 64, 200, 3.0, total) == pytest.approx((run_cost, 7_000.0))
+
+
+def test_a_conservative_explorer_profiles_no_more_than_its_budget_covers():
+    from carbonflow.planning.batch_size import BatchSizeExplorer
+
+    # the default (64) at its best limit costs what the default configuration costs: nothing saved, no profile
+    flat = BatchSizeExplorer([32, 64, 128], 64, {64: 10.0}, default_cost_per_epoch=10.0, horizon=20)
+    flat.observe(64, 40.0, True, 4.0)
+    assert flat.budget() == pytest.approx(0.0)
+    assert flat.unprofiled() == [32, 128]  # without a price, as before
+    assert flat.unprofiled(profile_cost=5.0) == []
+    # 20 % below the default: 19 recurrences x 8 saved + 8 banked = 160 covers 3 profiles of 50, so both
+    cheap = BatchSizeExplorer([32, 64, 128], 64, {64: 8.0}, default_cost_per_epoch=10.0, horizon=20)
+    cheap.observe(64, 32.0, True, 4.0)
+    assert cheap.budget() == pytest.approx(1 * 40.0 - 32.0 + 19 * 8.0)
+    assert cheap.unprofiled(profile_cost=50.0) == [32, 128]
+    assert cheap.unprofiled(profile_cost=100.0) == [32]
+
+
+@pytest.mark.skipif(not (DATA / "zeus/summary_train.csv").exists(), reason="shared Zeus data not present")
+def test_vs_zeus_a_failed_zeus_seed_fails_the_run(monkeypatch):
+    import pandas as pd
+
+    vz = _load("vs_zeus")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Zeus's simulator failed on this seed")
+
+    monkeypatch.setattr(vz, "simulate_zeus", broken)
+    train = pd.read_csv(DATA / "zeus/summary_train.csv")
+    with pytest.raises(RuntimeError, match="failed on this seed"):
+        vz.run_pair("v100", vz.WORKLOADS[4], train, [1], 0.05)

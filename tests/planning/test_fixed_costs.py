@@ -72,3 +72,20 @@ def test_a_stable_workload_keeps_its_configuration_after_night_two():
     run = realised_run(last, profile, 7)
     assert last.predicted_duration_s == pytest.approx(run.realised_duration_s, rel=0.01)
     assert last.predicted_energy_j == pytest.approx(run.realised_energy_j, rel=0.01)
+
+
+def test_tonights_work_scales_the_prediction_after_a_past_run():
+    """User trial: once a steps job had run, plan predicted the last run's measured time whatever its steps
+    (5, 100 or 100 000 000 steps: 4 s, 11.5 J, and "finishes before finish-by" for a run of hours): the past run
+    was compared with the profile at *tonight's* work. Now it is compared at the samples it did."""
+    profile = make_profile()
+    spec = make_spec(steps=20_000, batch_size=1, epochs=None, max_slowdown=0.15, objective="energy")
+    first = plan_job(spec, profile, None, NOW)
+    past = realised_run(first, profile, 0)
+    history = JobHistory([RealisedRun(**{**past.__dict__, "samples": 20_000.0})])
+    tenfold = spec.model_copy(update={"steps": 200_000})
+    alone, _, _ = predict_candidates(tenfold, profile)
+    learned, _, _ = predict_candidates(tenfold, profile, history)
+    for a, b in zip(alone, learned, strict=True):
+        assert b.duration_s == pytest.approx(a.duration_s + START_UP_S, rel=1e-6), "10x the work, one fixed part"
+        assert b.energy_j == pytest.approx(a.energy_j + START_UP_J, rel=1e-6)

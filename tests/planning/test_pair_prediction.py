@@ -44,7 +44,8 @@ def test_history_offsets_learn_a_job_that_suffers_more_than_its_profile_says():
     with_a = predictor.predict(solo["a"], solo["d"])
     without_a = predictor.predict(solo["b"], solo["d"])
     assert with_a.from_history
-    assert with_a.kept_speed_a < without_a.kept_speed_a - 0.2
+    # "a" keeps 0.4 less than the others; with two outcomes its offset is shrunk by 2 / (2 + 2): 0.2 less
+    assert with_a.kept_speed_a == pytest.approx(without_a.kept_speed_a - 0.2, abs=0.02)
 
 
 def test_predictions_never_exceed_solo_speed():
