@@ -12,13 +12,20 @@ How job and plan reach the container (a deliberate choice): a ``ConfigMap`` hold
 shows what ran, and nothing depends on environment-variable size limits.
 
 Power limits: the training pod is not privileged. It mounts the host directory of the zeusd node agent
-(``deploy/k8s/zeusd-daemonset.yaml``) and gets ``ZEUSD_SOCK_PATH``; the wrapper asks zeusd to set and
-restore the power limit. Co-location: a plan with a co-location group requests the time-sliced GPU
-resource (``nvidia.com/gpu.shared`` by default, see ``deploy/k8s/nvidia-time-slicing.yaml``).
+(``deploy/k8s/zeusd-daemonset.yaml``) read-only and gets ``ZEUSD_SOCK_PATH`` and the node's GPU UUID → host
+index map (``CARBONFLOW_GPU_INDEX_MAP``, written there by the DaemonSet), so the wrapper asks zeusd to set and
+restore the limit of the pod's own GPU, by its host index. The wrapper runs as root in its container with
+every capability dropped but the few it needs to start the training as ``training_uid`` without
+supplementary groups: zeusd's socket (root's, mode 660) and the power journals (root's) are the wrapper's
+only. Each pod's journal is its own sub-directory of the host's journal directory, mounted with
+``subPathExpr: $(POD_NAME)``: a pod sees no other pod's journal. Co-location: a plan with a co-location group
+requests the time-sliced GPU resource (``nvidia.com/gpu.shared`` by default, see
+``deploy/k8s/nvidia-time-slicing.yaml``).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import re
@@ -30,6 +37,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from carbonflow.contract import (
+    GPU_INDEX_MAP_ENV,
+    POWER_JOURNAL_DIR_ENV,
+    TRAINING_UID_ENV,
+    ZEUSD_SOCK_ENV,
+    check_job_env,
+)
 from carbonflow.models import JobSpec, Plan
 
 LABEL_APP = "app.kubernetes.io/name"
@@ -72,6 +86,11 @@ class KubernetesSettings(BaseModel):
     )
     zeusd_host_dir: str = Field(default="/var/run/zeusd", description="host directory holding zeusd's socket")
     zeusd_socket_name: str = "zeusd.sock"
+    gpu_index_map_name: str = Field(
+        default="gpu-index-map.json",
+        description="file in zeusd_host_dir mapping each GPU UUID to its host index (zeusd's numbering), written "
+        "by the zeusd DaemonSet's init container; a pod sees its GPU as index 0 whatever its host index",
+    )
     power_journal_host_dir: str = Field(
         default="/var/lib/carbonflow/power-journal",
         description="host directory for the wrapper's power-limit restore journals (one sub-directory per pod), "
@@ -82,6 +101,25 @@ class KubernetesSettings(BaseModel):
     )
     privileged: bool = Field(
         default=False, description="run the training container privileged (opt-in; zeusd makes it unnecessary)"
+    )
+    training_uid: int | None = Field(
+        default=1000,
+        ge=1,
+        description="the user the wrapper starts the training as (no supplementary groups): the user's command "
+        "cannot reach zeusd's root-only socket or the power journals; None: the training runs as the wrapper",
+    )
+    trusted_images: list[str] = Field(
+        default_factory=list,
+        description="images (fnmatch patterns) a GPU job's own JobSpec.image may name: the wrapper runs as root "
+        "from that image beside zeusd's socket, so only images the platform team built FROM carbonflow's belong "
+        "here; other job images are refused (the cluster's `image` is always trusted)",
+    )
+    termination_grace_period_s: int = Field(
+        default=60,
+        ge=1,
+        description="pods' terminationGracePeriodSeconds and the backend's deletion grace period: the time the "
+        "wrapper has, after SIGTERM, to stop the training and put the power limit back (Job pods deleted with "
+        "their Job get the pod's own value)",
     )
     config_mount_path: str = "/etc/carbonflow"
     result_path: str = Field(default="/dev/termination-log", description="where the wrapper writes RunResult JSON")
@@ -117,6 +155,15 @@ class KubernetesSettings(BaseModel):
     @property
     def zeusd_socket_path(self) -> str:
         return f"{self.zeusd_mount_path.rstrip('/')}/{self.zeusd_socket_name}"
+
+    @property
+    def gpu_index_map_path(self) -> str:
+        """The node's GPU UUID → host index map, as containers see it (beside zeusd's socket)."""
+        return f"{self.zeusd_mount_path.rstrip('/')}/{self.gpu_index_map_name}"
+
+    def pod_journal_host_dir(self, pod_name: str) -> str:
+        """Where a training pod's power journals are on its node (its own sub-directory)."""
+        return f"{self.power_journal_host_dir.rstrip('/')}/{pod_name}"
 
 
 @dataclass
@@ -315,14 +362,16 @@ class ManifestBuilder:
         from kubernetes.client import models as k8s
 
         s = self.settings
+        check_job_env(spec.env)  # refused by name, before anything is built or sent (also for a stale JobSpec)
+        # The job's env first, carbonflow's own after: in a container the last definition of a name wins.
         env = {
+            **s.extra_env,
+            **spec.env,
             "CARBONFLOW_JOB_FILE": f"{s.config_mount_path.rstrip('/')}/job.json",
             "CARBONFLOW_PLAN_FILE": f"{s.config_mount_path.rstrip('/')}/plan.json",
             "CARBONFLOW_RESULT_FILE": s.result_path,
             "CARBONFLOW_BACKEND": "kubernetes",
             "CARBONFLOW_POWER_AGENT": s.power_agent,
-            **s.extra_env,
-            **spec.env,
         }
         volumes = [
             k8s.V1Volume(name="carbonflow-config", config_map=k8s.V1ConfigMapVolumeSource(name=name)),
@@ -345,16 +394,26 @@ class ManifestBuilder:
             node_selector = dict(s.node_selector) or None
             tolerations = [k8s.V1Toleration(**_snake(t)) for t in s.tolerations] or None
             if s.power_agent == "zeusd":
-                env["ZEUSD_SOCK_PATH"] = s.zeusd_socket_path
-                # $(POD_NAME) is expanded by the kubelet from the variable defined first (see env_vars below).
-                env["CARBONFLOW_POWER_JOURNAL_DIR"] = f"{s.power_journal_host_dir.rstrip('/')}/$(POD_NAME)"
-                v, m = self._agent_volumes()
+                self._check_image(spec)
+                env[ZEUSD_SOCK_ENV] = s.zeusd_socket_path
+                env[GPU_INDEX_MAP_ENV] = s.gpu_index_map_path
+                # Mounted from <power_journal_host_dir>/$(POD_NAME) on the node: this pod's journals only.
+                env[POWER_JOURNAL_DIR_ENV] = s.power_journal_host_dir
+                v, m = self._agent_volumes(journal_sub_path_expr="$(POD_NAME)")
                 volumes += v
                 mounts += m
         security = k8s.V1SecurityContext(
             privileged=s.privileged,
             allow_privilege_escalation=s.privileged,
         )
+        if s.training_uid is not None and not s.privileged:
+            # The wrapper runs as root in its container, with only what it needs to drop the training's privileges
+            # (and to signal and own its files); the training runs as training_uid (see carbonflow.execution.gpus).
+            env[TRAINING_UID_ENV] = str(s.training_uid)
+            security = k8s.V1SecurityContext(
+                privileged=False, allow_privilege_escalation=False, run_as_user=0, run_as_non_root=False,
+                capabilities=k8s.V1Capabilities(drop=["ALL"], add=["SETUID", "SETGID", "CHOWN", "KILL"]),
+            )  # fmt: skip
         annotations = {ANNOTATION_PLAN_START: plan.start.isoformat(), ANNOTATION_REASON: plan.reason[:250]}
         return {
             "name": name,
@@ -375,6 +434,7 @@ class ManifestBuilder:
             "container_security_context": security,
             "termination_message_policy": "FallbackToLogsOnError",
             "active_deadline_seconds": s.active_deadline_s,
+            "termination_grace_period": s.termination_grace_period_s,
             "random_name_suffix": False,
             "do_xcom_push": False,
             "in_cluster": False,
@@ -382,8 +442,10 @@ class ManifestBuilder:
             "cluster_context": self.cluster_context,
         }
 
-    def _agent_volumes(self) -> tuple[list[Any], list[Any]]:
-        """The zeusd socket directory and the power-limit journal directory, both from the host."""
+    def _agent_volumes(self, journal_sub_path_expr: str | None = None) -> tuple[list[Any], list[Any]]:
+        """The zeusd socket directory (read-only: connecting to a socket needs no write access to its directory)
+        and the power-limit journal directory, both from the host. ``journal_sub_path_expr``: mount only that
+        sub-directory of the journals (a training pod's own, ``$(POD_NAME)``); None: all of them (restore pods)."""
         from kubernetes.client import models as k8s
 
         s = self.settings
@@ -397,38 +459,60 @@ class ManifestBuilder:
             ),
         ]
         mounts = [
-            k8s.V1VolumeMount(name="zeusd-socket", mount_path=s.zeusd_mount_path),
-            k8s.V1VolumeMount(name="power-journal", mount_path=s.power_journal_host_dir),
+            k8s.V1VolumeMount(name="zeusd-socket", mount_path=s.zeusd_mount_path, read_only=True),
+            k8s.V1VolumeMount(
+                name="power-journal", mount_path=s.power_journal_host_dir, sub_path_expr=journal_sub_path_expr
+            ),
         ]
         return volumes, mounts
+
+    def _check_image(self, spec: JobSpec) -> None:
+        """A GPU job's own image runs carbonflow's wrapper as root beside zeusd's socket: only trusted ones."""
+        s = self.settings
+        trusted = [s.image, *s.trusted_images]
+        if spec.image is None or any(fnmatch.fnmatchcase(spec.image, pattern) for pattern in trusted):
+            return
+        raise ValueError(
+            f"job {spec.name!r}: image={spec.image!r} is not allowed on GPU pods: the wrapper runs as root from the "
+            f"job's image beside the node's power-limit agent; use the cluster's image ({s.image!r}) or add the "
+            "image to KubernetesSettings.trusted_images (images your platform team builds FROM carbonflow's)"
+        )
 
     def restore_pod(self, spec: JobSpec, failed_pod_name: str, node_name: str) -> Any:
         """A pod pinned to ``node_name`` that puts back the power limits a killed training pod left lowered.
 
         It replays that pod's restore journals (``python -m carbonflow.energy.power_limit restore <file>``)
-        through zeusd; the journals live in the host directory ``<power_journal_host_dir>/<pod name>``.
+        through zeusd, addressing each GPU by the host index the node's map gives its UUID; the journals live in
+        the host directory ``<power_journal_host_dir>/<pod name>``. It runs the cluster's image (never a job's),
+        as root (zeusd's socket is root's, mode 660) with every capability dropped, and requests no GPU: the
+        NVIDIA runtime shows it every GPU of the node.
         """
         from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
         from kubernetes.client import models as k8s
 
         s = self.settings
-        journal_dir = f"{s.power_journal_host_dir.rstrip('/')}/{failed_pod_name}"
+        journal_dir = s.pod_journal_host_dir(failed_pod_name)
         script = (
             'set -e; for f in "$JOURNAL_DIR"/*.json; do [ -e "$f" ] || continue; '
             'python -m carbonflow.energy.power_limit restore "$f"; done; rmdir "$JOURNAL_DIR" 2>/dev/null || true'
         )
         volumes, mounts = self._agent_volumes()
         name = dns_name("cf-restore", failed_pod_name[-40:], uuid.uuid4().hex[:5], max_length=63)
+        security = k8s.V1SecurityContext(
+            privileged=False, allow_privilege_escalation=False, run_as_user=0, run_as_non_root=False,
+            capabilities=k8s.V1Capabilities(drop=["ALL"]),
+        )  # fmt: skip
         operator = KubernetesPodOperator(
             task_id=f"carbonflow_{name.replace('-', '_')}",
             name=name,
             namespace=s.namespace,
-            image=spec.image or s.image,
+            image=s.image,
             image_pull_policy=s.image_pull_policy,
             cmds=["sh", "-c", script],
             env_vars=[
                 k8s.V1EnvVar(name="JOURNAL_DIR", value=journal_dir),
-                k8s.V1EnvVar(name="ZEUSD_SOCK_PATH", value=s.zeusd_socket_path),
+                k8s.V1EnvVar(name=ZEUSD_SOCK_ENV, value=s.zeusd_socket_path),
+                k8s.V1EnvVar(name=GPU_INDEX_MAP_ENV, value=s.gpu_index_map_path),
                 k8s.V1EnvVar(name="NVIDIA_VISIBLE_DEVICES", value="all"),
                 k8s.V1EnvVar(name="NVIDIA_DRIVER_CAPABILITIES", value="utility"),
             ],
@@ -439,8 +523,9 @@ class ManifestBuilder:
             volumes=volumes,
             volume_mounts=mounts,
             service_account_name=s.service_account_name,
-            container_security_context=k8s.V1SecurityContext(privileged=False, allow_privilege_escalation=False),
+            container_security_context=security,
             termination_message_policy="FallbackToLogsOnError",
+            termination_grace_period=s.termination_grace_period_s,
             random_name_suffix=False,
             do_xcom_push=False,
             in_cluster=False,

@@ -11,11 +11,13 @@ measurements, a :class:`~carbonflow.execution.wrapper.WrappedRun`) and ``.run(sp
 4. reads each rank's ``WrappedRun`` from its termination message (``carbonflow run --result
    /dev/termination-log``), falling back to a ``CARBONFLOW_RESULT {json}`` line of the pod log, and merges
    the ranks (devices keyed by node; a device two ranks on one node both measured is counted once);
-5. deletes everything it created, whatever happened (``finally``), with a grace period so that the
-   wrapper's SIGTERM handler restores power limits through zeusd;
-6. after a failed or killed run that lowered power limits, starts a restore pod pinned to each node a
-   training pod ran on, which replays that pod's restore journals (kept in a host directory) through
-   zeusd, so a SIGKILL or OOM kill never leaves a GPU at a lowered limit.
+5. deletes everything it created, whatever happened, with a grace period so that the wrapper's SIGTERM
+   handler restores power limits through zeusd, and **waits until the pods (and the Job) are gone** — a
+   deleted pod terminates over its grace period — or says which are still there when they are not gone in
+   the grace period plus ``delete_wait_margin_s``;
+6. after a failed or killed run that lowered power limits, and only once its pods are gone, starts a restore
+   pod pinned to each node a training pod ran on, which replays that pod's restore journals (kept in a host
+   directory) through zeusd, so a SIGKILL or OOM kill never leaves a GPU at a lowered limit.
 
 Only the kubernetes python client talks to the cluster; the API calls used are: create/read/delete
 namespaced config map, pod, service and job, list namespaced pod (label selector), read pod log.
@@ -28,6 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -152,8 +155,9 @@ class KubernetesBackend:
     """Runs a plan as a Pod (one container) or an Indexed Job (several) and returns its ``RunResult``."""
 
     name = "kubernetes"
-    supports_deferral = False
-    """Not yet: the task waits while the pod trains (deferring on the pod is the Kubernetes issue's work)."""
+    supports_deferral = True
+    """A pod or Job outlives the task that started it: the task defers while it trains (``start`` → a trigger
+    polls the pod → ``collect``), holding no worker slot."""
     supports_shared = False
     """Pair profiles and co-located launches run on the local backend; on Kubernetes pairs come from history."""
 
@@ -168,7 +172,8 @@ class KubernetesBackend:
         poll_interval_s: float = 5.0,
         startup_timeout_s: float = 900.0,
         run_timeout_s: float | None = None,
-        delete_grace_period_s: int = 60,
+        delete_grace_period_s: int | None = None,
+        delete_wait_margin_s: float = 30.0,
         restore_timeout_s: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -177,13 +182,17 @@ class KubernetesBackend:
         self.settings = settings or KubernetesSettings()
         self.config_file = config_file
         self.context = context
+        self.in_cluster = in_cluster
         self._api_client = api_client or load_api_client(
             config_file=config_file, context=context, in_cluster=in_cluster
         )
         self.poll_interval_s = poll_interval_s
         self.startup_timeout_s = startup_timeout_s
         self.run_timeout_s = run_timeout_s
-        self.delete_grace_period_s = delete_grace_period_s
+        self.delete_grace_period_s = (
+            delete_grace_period_s if delete_grace_period_s is not None else self.settings.termination_grace_period_s
+        )
+        self.delete_wait_margin_s = delete_wait_margin_s
         self.restore_timeout_s = restore_timeout_s
         self._nodes: dict[str, str] = {}
         self._clock = clock
@@ -270,35 +279,40 @@ class KubernetesBackend:
                 pods = self._wait_job(manifests, deadline_s)
             else:
                 pods = [self._wait_pod(manifests.namespace, manifests.pod.metadata.name, deadline_s)]
-            return self._collect(manifests, pods)
+            wrapped = self._collect(manifests, pods)
         except BaseException as exc:
-            self._delete(manifests, created)
-            created = []
-            if self._lowers_power(spec, plan):
-                problems = self._restore_power_limits(spec, manifests.namespace)
-                for problem in problems:
-                    exc.add_note(problem)
+            for problem in self._stop_and_restore(manifests, created, spec if self._lowers_power(spec, plan) else None):
+                exc.add_note(problem)
             raise
         finally:
-            self._delete(manifests, created)
             self._current = None
+        return _with_notes(wrapped, self._clean_up(manifests, created))
 
     def _lowers_power(self, spec: JobSpec, plan: Plan) -> bool:
         from carbonflow.execution.k8s_manifests import uses_gpu
 
         return self.settings.power_agent == "zeusd" and uses_gpu(spec) and plan.config.power_limit_w is not None
 
-    def _restore_power_limits(self, spec: JobSpec, namespace: str) -> list[str]:
-        """After a failed or killed run: on every node a training pod ran on, replay its restore journals.
+    def _restore_power_limits(self, spec: JobSpec, namespace: str, pods_gone: bool = True) -> list[str]:
+        """After a failed or killed run whose pods are gone: on every node a training pod ran on, replay its
+        restore journals.
 
         The wrapper restores limits itself on every exit it lives through (including SIGTERM); this covers the
         ones it does not (SIGKILL after the grace period, OOM kill, node agent restarts). A pod with no journal
-        left is a no-op. Returns the problems (also logged CRITICAL), empty when every restore succeeded.
+        left is a no-op. ``pods_gone=False`` (a pod still terminating after its grace period): no restore pod is
+        started beside a wrapper that may still run; the problems say how to restore by hand once it is gone.
+        Returns the problems (also logged CRITICAL), empty when every restore succeeded.
         """
         from kubernetes.client.exceptions import ApiException
 
         problems: list[str] = []
-        self._wait_gone(namespace, list(self._nodes))
+        if not pods_gone:
+            for pod_name, node in sorted(self._nodes.items()):
+                problems.append(f"no power-limit restore pod was started for {pod_name} on {node} while it may "
+                                f"still run; once it is gone, {self._by_hand(pod_name, node)}")  # fmt: skip
+            for problem in problems:
+                log.critical(problem)
+            return problems
         for pod_name, node in sorted(self._nodes.items()):
             restore = self.builder.restore_pod(spec, pod_name, node)
             validate_manifest(restore)
@@ -312,7 +326,7 @@ class KubernetesBackend:
                         code = terminated.exit_code if terminated else None
                         problems.append(
                             f"power-limit restore for {pod_name} on {node} failed (exit {code}): "
-                            f"{self._log_tail(done, 20)}"
+                            f"{self._log_tail(done, 20).strip()}; {self._by_hand(pod_name, node)}"
                         )
                     else:
                         log.info("power limits on %s checked/restored after %s", node, pod_name)
@@ -323,26 +337,78 @@ class KubernetesBackend:
                         if exc.status != 404:
                             log.warning("could not delete restore pod %s: %s", name, exc.reason)
             except (ApiException, KubernetesRunError) as exc:
-                problems.append(f"power-limit restore for {pod_name} on {node} could not run: {exc}")
+                by_hand = self._by_hand(pod_name, node)
+                problems.append(f"power-limit restore for {pod_name} on {node} could not run: {exc}; {by_hand}")
         for problem in problems:
             log.critical("%s; GPU power limits on that node may still be lowered", problem)
         return problems
 
-    def _wait_gone(self, namespace: str, pod_names: list[str]) -> None:
-        """Wait (up to the deletion grace period + 30 s) until deleted training pods are gone: a wrapper still
-        handling SIGTERM restores limits itself and must finish before its journals are replayed."""
+    def _by_hand(self, pod_name: str, node: str) -> str:
+        s = self.settings
+        return (
+            f"put the limits back on {node} with: CARBONFLOW_POWER_JOURNAL_DIR={s.pod_journal_host_dir(pod_name)} "
+            f"ZEUSD_SOCK_PATH={s.zeusd_socket_path} CARBONFLOW_GPU_INDEX_MAP={s.gpu_index_map_path} "
+            "python -m carbonflow.energy.power_limit restore"
+        )
+
+    def _clean_up(self, run: Any, created: list[tuple[str, str]]) -> list[str]:
+        """Delete what the run created (pods get the grace period) and wait until its pods and Job are gone.
+
+        A deleted pod terminates over its grace period while its wrapper stops the training and restores the
+        power limit; nothing may replay its journals, or call the run stopped, before it is gone. Returns what is
+        still there after the grace period plus ``delete_wait_margin_s`` (also logged CRITICAL), else [].
+        """
+        if not created:
+            return []
+        self._delete(run, created)
+        created.clear()
+        left = self._wait_deleted(run)
+        if not left:
+            return []
+        problem = (
+            f"{', '.join(left)} of run {run.namespace}/{run.name} still there "
+            f"{self._delete_wait_s():g} s after it was deleted (grace period "
+            f"{self.delete_grace_period_s} s): its wrapper may still be running and holding a lowered power limit; "
+            f"check with: kubectl -n {run.namespace} get pods -l {LABEL_RUN}={run.name} -o wide"
+        )
+        log.critical(problem)
+        return [problem]
+
+    def _wait_deleted(self, run: Any) -> list[str]:
+        """Wait until no pod labelled with the run (terminating ones included) and no Job of it is left; returns
+        what is left at the deadline (real time: the grace period runs on the cluster's clock, not ours)."""
+        deadline = time.monotonic() + self._delete_wait_s()
+        while True:
+            left = self._left(run)
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(self.poll_interval_s)
+
+    def _delete_wait_s(self) -> float:
+        """How long deleted pods may take: the longer of the deletion's and the pods' own grace period (a Job's
+        pods are deleted with their own), plus the margin."""
+        return max(self.delete_grace_period_s, self.settings.termination_grace_period_s) + self.delete_wait_margin_s
+
+    def _left(self, run: Any) -> list[str]:
+        """The run's pods and Job that still exist (a pod being deleted says so)."""
         from kubernetes.client.exceptions import ApiException
 
-        deadline = self._clock() + self.delete_grace_period_s + 30
-        for name in pod_names:
-            while self._clock() < deadline:
+        left: list[str] = []
+        try:
+            pods = self.core.list_namespaced_pod(run.namespace, label_selector=f"{LABEL_RUN}={run.name}").items
+            for pod in pods:
+                terminating = " (terminating)" if pod.metadata.deletion_timestamp else ""
+                left.append(f"Pod {pod.metadata.name}{terminating}")
+            if run.kind == "Job":
                 try:
-                    self.core.read_namespaced_pod(name, namespace)
+                    self.batch.read_namespaced_job(_job_name(run), run.namespace)
+                    left.append(f"Job {_job_name(run)}")
                 except ApiException as exc:
-                    if exc.status == 404:
-                        break
-                    raise
-                time.sleep(self.poll_interval_s)
+                    if exc.status != 404:
+                        raise
+        except Exception as exc:  # the API cannot say: nothing is known to be gone
+            left.append(f"(the API could not be asked: {type(exc).__name__}: {exc})")
+        return left
 
     def kill(self) -> None:
         """``LocalBackend.kill`` counterpart (Airflow ``on_kill``)."""
@@ -358,6 +424,108 @@ class KubernetesBackend:
             if manifests.pod is not None:
                 kinds.append(("Pod", manifests.pod.metadata.name))
             self._delete(manifests, kinds)
+
+    # -- the backend contract (start → handle, poll, collect, cancel) ---------------------------------------------
+
+    def connection(self) -> dict[str, Any]:
+        """How to reach the cluster from another process (the triggerer), as the provider's async hook takes it:
+        the kubeconfig's path or in-cluster credentials (never the credentials themselves) and the context."""
+        extras: dict[str, Any] = {"in_cluster": True} if self.in_cluster else {}
+        if self.config_file and not self.in_cluster:
+            extras["kube_config_path"] = self.config_file
+        return {"conn_id": None, "connection_extras": extras, "cluster_context": self.context}
+
+    def rebuild_options(self) -> dict[str, Any]:
+        """What another process (the triggerer) needs to rebuild this backend with ``make_backend("kubernetes", …)``:
+        the settings and how to reach the cluster (a kubeconfig path or in-cluster, never credentials)."""
+        return {**self.settings.model_dump(mode="json"), "config_file": self.config_file, "context": self.context,
+                "in_cluster": self.in_cluster}  # fmt: skip
+
+    def start(self, spec: JobSpec, plan: Plan, options: Any = None) -> Any:
+        """Create the run's objects and return at once with a :class:`RunHandle` (JSON: another process polls,
+        collects or cancels the run from it, e.g. after the Airflow task deferred)."""
+        from carbonflow.execution.backend import RunHandle
+
+        profile_steps = getattr(options, "profile_steps", None)
+        warmup_steps = getattr(options, "warmup_steps", 0)
+        manifests = self.build(spec, plan, profile_steps=profile_steps, warmup_steps=warmup_steps)
+        created: list[tuple[str, str]] = []
+        try:
+            self._create(manifests, created)
+        except BaseException as exc:
+            for problem in self._clean_up(manifests, created):
+                exc.add_note(problem)
+            raise
+        log.info("started %s of %s on Kubernetes as %s %s", plan.config.key(), spec.name, manifests.kind,
+                 manifests.name)  # fmt: skip
+        return RunHandle(
+            backend=self.name, run_id=manifests.name, kind="solo", jobs=[spec.name],
+            details={"namespace": manifests.namespace, "name": manifests.name, "kind": manifests.kind,
+                     "pod": manifests.pod.metadata.name if manifests.pod is not None else "",
+                     "job": manifests.job.metadata.name if manifests.job is not None else "",
+                     "created": json.dumps(created), "spec": spec.model_dump_json(),
+                     "lowers_power": "true" if self._lowers_power(spec, plan) else "false"},
+        )  # fmt: skip
+
+    def poll(self, handle: Any) -> Any:
+        """Whether the run's pod (or every rank of its Job) has ended, without waiting."""
+        from carbonflow.execution.backend import RunStatus
+
+        d = handle.details
+        if d["pod"]:
+            pod = self._read_or_gone(self.core.read_namespaced_pod, "Pod", d["pod"], d["namespace"])
+            phase = pod.status.phase if pod.status else None
+            fatal = self._fatal_waiting(pod)
+            if phase in ("Succeeded", "Failed") or fatal:
+                return RunStatus(state="finished", message=fatal or phase or "")
+            return RunStatus(state="running" if phase == "Running" else "pending", message=phase or "")
+        job = self._read_or_gone(self.batch.read_namespaced_job, "Job", d["job"], d["namespace"])
+        conditions = {c.type: c.status for c in (job.status.conditions or [])} if job.status else {}
+        if "True" in (conditions.get("Complete"), conditions.get("Failed")):
+            return RunStatus(state="finished", message="Complete" if conditions.get("Complete") == "True" else "Failed")
+        return RunStatus(state="running" if job.status and (job.status.active or 0) else "pending")
+
+    def collect(self, handle: Any) -> WrappedRun:
+        """The finished run's measurements (every rank merged); deletes its objects, restoring limits on failure."""
+        d = handle.details
+        run = _RunRef(name=d["name"], namespace=d["namespace"], kind=d["kind"], job_name=d["job"])
+        created = [tuple(x) for x in json.loads(d["created"])]
+        try:
+            if d["pod"]:
+                pods = [self._read_or_gone(self.core.read_namespaced_pod, "Pod", d["pod"], d["namespace"])]
+            else:
+                selector = f"{LABEL_RUN}={d['name']}"
+                pods = self._by_rank(self.core.list_namespaced_pod(d["namespace"], label_selector=selector).items)
+            for pod in pods:
+                self._note_node(pod)
+                fatal = self._fatal_waiting(pod)
+                if fatal:
+                    raise KubernetesRunError(f"Pod {d['namespace']}/{pod.metadata.name} cannot start: {fatal}")
+            wrapped = self._collect(run, pods)  # type: ignore[arg-type]
+        except BaseException as exc:
+            for problem in self._stop_and_restore(run, created, _power_spec(handle)):
+                exc.add_note(problem)
+            raise
+        return _with_notes(wrapped, self._clean_up(run, created))
+
+    def cancel(self, handle: Any) -> None:
+        """Stop the run: delete its pods (the wrapper restores limits in its grace period), wait until they are
+        gone, then replay whatever journals a wrapper left. Raises :class:`KubernetesRunError` naming what is
+        still there, or what could not be restored, after doing all it can."""
+        d = handle.details
+        run = _RunRef(name=d["name"], namespace=d["namespace"], kind=d["kind"], job_name=d["job"])
+        self._note_nodes_now(run)  # type: ignore[arg-type]
+        problems = self._stop_and_restore(run, [tuple(x) for x in json.loads(d["created"])], _power_spec(handle))
+        if problems:
+            raise KubernetesRunError(f"cancelling {run.kind} {run.namespace}/{run.name}: " + "; ".join(problems))
+
+    def _stop_and_restore(self, run: Any, created: list[tuple[str, str]], lowered: JobSpec | None) -> list[str]:
+        """Delete the run and wait until its pods are gone (their wrappers done); then, for a run that lowered
+        power limits (``lowered``: its job), replay its journals — never beside a pod still terminating."""
+        problems = self._clean_up(run, created)
+        if lowered is not None:
+            problems += self._restore_power_limits(lowered, run.namespace, pods_gone=not problems)
+        return problems
 
     # -- API calls ------------------------------------------------------------------------------------------------
 
@@ -564,6 +732,36 @@ class KubernetesBackend:
         merged = merge_ranks(ranks)
         note = f"ran on Kubernetes as {manifests.kind} {manifests.namespace}/{manifests.name}"
         return merged.model_copy(update={"notes": [*merged.notes, note]})
+
+
+@dataclass(frozen=True)
+class _RunRef:
+    """What cleaning up and collecting a run needs of its manifests, rebuilt from a handle."""
+
+    name: str
+    namespace: str
+    kind: str
+    job_name: str = ""
+
+
+def _job_name(run: Any) -> str:
+    """The run's Job's name (from its manifests, or from its handle)."""
+    job = getattr(run, "job", None)
+    return job.metadata.name if job is not None else run.job_name
+
+
+def _power_spec(handle: Any) -> JobSpec | None:
+    """The job of a run that lowered power limits (its journals may need replaying), else None."""
+    if handle.details.get("lowers_power") != "true":
+        return None
+    return JobSpec.model_validate_json(handle.details["spec"])
+
+
+def _with_notes(wrapped: WrappedRun, problems: list[str]) -> WrappedRun:
+    """The run's result, with what its clean-up could not do added to its notes."""
+    if not problems:
+        return wrapped
+    return wrapped.model_copy(update={"notes": [*wrapped.notes, *problems]})
 
 
 def manifests_as_json(manifests: KubernetesManifests) -> str:

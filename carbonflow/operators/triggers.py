@@ -1,7 +1,8 @@
 """Triggers: wait for a planned start without holding a worker slot.
 
-``CarbonWindowTrigger`` fires at ``wake_at`` on the operator's clock. In production the clock is
-the wall clock. In replay (the embedded demo) the operator's clock is a recorded date: the
+``CarbonWindowTrigger`` fires at ``wake_at`` on the session's clock
+(:class:`~carbonflow.session.SessionClock`). In production the clock is
+the wall clock. In replay (the embedded demo) the session's clock is a recorded date: the
 trigger then waits ``(wake_at − clock now) / speedup`` real seconds, so hours of replayed waiting
 pass in seconds, and the event says which clock time it fired at.
 """
@@ -16,29 +17,10 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 
-class OperatorClock:
-    """The operator's notion of now: wall time shifted by ``offset_s`` (0 in production)."""
-
-    def __init__(self, offset_s: float = 0.0) -> None:
-        self.offset_s = float(offset_s)
-
-    @classmethod
-    def replaying(cls, replay_now: datetime) -> OperatorClock:
-        """A clock that reads ``replay_now`` at this instant and then runs at wall speed."""
-        return cls((replay_now - datetime.now(UTC)).total_seconds())
-
-    def now(self) -> datetime:
-        return datetime.now(UTC) + timedelta(seconds=self.offset_s)
-
-    @property
-    def replay(self) -> bool:
-        return abs(self.offset_s) > 1.0
-
-
 class CarbonWindowTrigger(BaseTrigger):
     """Fire when the operator's clock reaches ``wake_at`` (a planned start or a re-plan check).
 
-    ``state`` (the operator's JSON-able waiting state) is echoed back in the event, so the operator
+    ``state`` (a :class:`~carbonflow.session.WaitState` as JSON) is echoed back in the event, so the operator
     resumes with it whether or not the runner keeps the deferral's ``next_kwargs``.
     """
 
@@ -103,36 +85,103 @@ class CarbonWindowTrigger(BaseTrigger):
         )
 
 
-class GroupResultTrigger(BaseTrigger):
-    """Fire when the launcher of a co-located pair has left this member's outcome at ``path`` (or at the timeout).
+class KubernetesRunTrigger(BaseTrigger):
+    """Fire when a group's pods (or every rank of their Indexed Jobs) have ended; the task holds no slot meanwhile.
 
-    The file is written atomically by the launching task; the member's task resumes and returns it.
+    Polls with the cncf-kubernetes provider's :class:`AsyncKubernetesHook`. ``handles`` are the backend's
+    :class:`~carbonflow.execution.backend.RunHandle` s as JSON (one per job; a co-located pair has two pods on
+    one time-sliced GPU), ``state`` the session's wait state; both come back in the event, so the resumed task
+    collects, accounts and logs the runs on any worker.
     """
 
-    def __init__(self, path: str, timeout_s: float, reason: str = "", poll_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        handles: list[dict[str, Any]],
+        connection: dict[str, Any],
+        state: dict[str, Any] | None = None,
+        clock_offset_s: float = 0.0,
+        poll_s: float = 10.0,
+        backend_options: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
-        self.path = path
-        self.timeout_s = float(timeout_s)
-        self.reason = reason
+        self.handles = handles
+        self.connection = connection
+        self.state = state
+        self.clock_offset_s = float(clock_offset_s)
         self.poll_s = float(poll_s)
-        if self.timeout_s <= 0 or self.poll_s <= 0:
-            raise ValueError(f"timeout_s={timeout_s} and poll_s={poll_s} must be > 0")
+        self.backend_options = backend_options
+        self._fired = False
+        if self.poll_s <= 0:
+            raise ValueError(f"poll_s={poll_s} is not allowed; it must be > 0")
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
-            "carbonflow.operators.triggers.GroupResultTrigger",
-            {"path": self.path, "timeout_s": self.timeout_s, "reason": self.reason, "poll_s": self.poll_s},
-        )
+            "carbonflow.operators.triggers.KubernetesRunTrigger",
+            {"handles": self.handles, "connection": self.connection, "state": self.state,
+             "clock_offset_s": self.clock_offset_s, "poll_s": self.poll_s, "backend_options": self.backend_options},
+        )  # fmt: skip
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from pathlib import Path
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
 
-        target = Path(self.path)
-        deadline = datetime.now(UTC) + timedelta(seconds=self.timeout_s)
-        self.log.info("waiting for %s (%s), at most %.0f s", self.path, self.reason, self.timeout_s)
-        while not target.exists():
-            if datetime.now(UTC) >= deadline:
-                yield TriggerEvent({"status": "timeout", "path": self.path})
-                return
-            await asyncio.sleep(self.poll_s)
-        yield TriggerEvent({"status": "done", "path": self.path})
+        hook = AsyncKubernetesHook(**self.connection)
+        pending = list(range(len(self.handles)))
+        messages: dict[int, str] = {}
+        while pending:
+            for i in list(pending):
+                details = self.handles[i]["details"]
+                try:
+                    ended, message = await self._ended(hook, details, details["namespace"])
+                except Exception as err:  # the pod is gone or the API refuses: the task decides (collect raises)
+                    ended, message = True, f"{type(err).__name__}: {err}"
+                if ended:
+                    pending.remove(i)
+                    messages[i] = message
+            if pending:
+                await asyncio.sleep(self.poll_s)
+        self._fired = True
+        yield TriggerEvent({"status": "ended", "message": "; ".join(messages[i] for i in sorted(messages)),
+                            "handles": self.handles, "state": self.state,
+                            "clock_offset_s": self.clock_offset_s})  # fmt: skip
+
+    async def on_kill(self) -> None:
+        """A user marked or cleared the deferred task: stop its pods as the task's ``on_kill`` would.
+
+        Airflow (3.3+) calls this only for a user's kill, never on a triggerer restart or after the event
+        fired. Each run is cancelled through the backend: its pods are deleted (the wrapper restores the
+        GPU's limit in the grace period), waited for, and a restore pod replays any journal they left.
+        """
+        if self._fired or self.backend_options is None:
+            return
+        for handle in self.handles:
+            try:
+                await asyncio.to_thread(_cancel_run, self.backend_options, handle)
+                self.log.info("cancelled %s: its pods are gone and its GPUs' limits restored", handle.get("run_id"))
+            except Exception:  # the triggerer ignores on_kill's errors: say what is left
+                self.log.exception("cancelling %s did not finish cleanly", handle.get("run_id"))
+
+    @staticmethod
+    async def _ended(hook: Any, details: dict[str, str], namespace: str) -> tuple[bool, str]:
+        from carbonflow.execution.kubernetes import FATAL_WAITING_REASONS
+
+        if details.get("pod"):
+            pod = await hook.get_pod(details["pod"], namespace)
+            phase = pod.status.phase if pod.status else None
+            statuses = (pod.status.container_statuses or []) if pod.status else []
+            reasons = [c.state.waiting.reason for c in statuses if c.state and c.state.waiting]
+            waiting = [r for r in reasons if r in FATAL_WAITING_REASONS]
+            return phase in ("Succeeded", "Failed") or bool(waiting), ", ".join(waiting) or str(phase)
+        job = await hook.get_job_status(details["job"], namespace)
+        conditions = {c.type: c.status for c in (job.status.conditions or [])} if job.status else {}
+        ended = "True" in (conditions.get("Complete"), conditions.get("Failed"))
+        return ended, "Complete" if conditions.get("Complete") == "True" else str(conditions)
+
+
+def _cancel_run(backend_options: dict[str, Any], handle: dict[str, Any]) -> None:
+    import tempfile
+    from pathlib import Path
+
+    from carbonflow.execution.backend import RunHandle, make_backend
+
+    with tempfile.TemporaryDirectory(prefix="carbonflow-cancel-") as workdir:
+        make_backend("kubernetes", Path(workdir), dict(backend_options)).cancel(RunHandle.model_validate(handle))

@@ -223,7 +223,11 @@ def test_training_pod_keeps_its_power_journal_on_the_host(kube):
     (view,) = kube.seen
     pod_name = view.pod["metadata"]["name"]
     assert view.env["POD_NAME"] == pod_name
-    assert view.env["CARBONFLOW_POWER_JOURNAL_DIR"] == f"/var/lib/carbonflow/power-journal/{pod_name}"
+    # the pod's own sub-directory of the host's journal directory, and no other pod's, is mounted there
+    assert view.env["CARBONFLOW_POWER_JOURNAL_DIR"] == "/var/lib/carbonflow/power-journal"
+    assert view.host_paths["/var/lib/carbonflow/power-journal"] == f"/var/lib/carbonflow/power-journal/{pod_name}"
+    assert view.host_paths["/var/run/zeusd"] == "/var/run/zeusd" and "/var/run/zeusd" in view.read_only
+    assert view.env["CARBONFLOW_GPU_INDEX_MAP"] == "/var/run/zeusd/gpu-index-map.json"
     assert kube.restores == []  # a run that ended normally needs no restore pod
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -97,10 +98,14 @@ def test_single_container_is_a_valid_pod_with_gpu_and_zeusd(builder):
     assert env["CARBONFLOW_POWER_AGENT"] == "zeusd"
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert host_paths == {"zeusd-socket": "/var/run/zeusd", "power-journal": "/var/lib/carbonflow/power-journal"}
-    assert env["CARBONFLOW_POWER_JOURNAL_DIR"] == "/var/lib/carbonflow/power-journal/$(POD_NAME)"
+    assert env["CARBONFLOW_POWER_JOURNAL_DIR"] == "/var/lib/carbonflow/power-journal"
+    assert env["CARBONFLOW_GPU_INDEX_MAP"] == "/var/run/zeusd/gpu-index-map.json"
     assert c["env"][0] == {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
     mounts = {m["name"]: m for m in c["volumeMounts"]}
-    assert mounts["zeusd-socket"]["mountPath"] == "/var/run/zeusd"
+    assert mounts["zeusd-socket"]["mountPath"] == "/var/run/zeusd" and mounts["zeusd-socket"]["readOnly"] is True
+    # the pod's own journal directory on the node, and nobody else's
+    assert mounts["power-journal"]["subPathExpr"] == "$(POD_NAME)"
+    assert spec["terminationGracePeriodSeconds"] == 60
     assert mounts["carbonflow-config"]["readOnly"] is True
     assert c["securityContext"]["privileged"] is False
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
@@ -236,3 +241,124 @@ def test_deploy_zeusd_daemonset_and_example_job_are_wired():
         ("configmaps", "create"),
         ("services", "delete"),
     } <= verbs
+
+
+def test_training_pods_drop_the_users_command_to_an_unprivileged_user() -> None:
+    """Finding: every training pod's command inherited the wrapper's access to zeusd."""
+    pod = ManifestBuilder(KubernetesSettings()).build(make_spec(), make_plan(1)).to_dicts()[-1]
+    container = pod["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["CARBONFLOW_TRAINING_UID"] == "1000"
+    security = container["securityContext"]
+    assert security["runAsUser"] == 0 and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SETUID", "SETGID", "CHOWN", "KILL"]}
+
+
+SOCKET_MODE = re.compile(r"socket-permissions[\"',\s=]+(\d{3,4})")
+CHMOD = re.compile(r"chmod\s+(?:-\w+\s+)*([0-7]{3,4})\b")
+
+
+def _world_accessible_modes(text: str) -> list[str]:
+    """Every zeusd socket mode (``--socket-permissions N``) or ``chmod N`` in ``text`` that lets others in."""
+    modes = SOCKET_MODE.findall(text) + CHMOD.findall(text)
+    return [m for m in modes if int(m, 8) & 0o007]
+
+
+def test_no_zeusd_socket_is_world_writable_in_deploy_or_docker_compose() -> None:
+    """Finding: zeusd's socket was created with --socket-permissions 666, so any job could set any GPU's limit."""
+    files = [p for p in (REPO / "deploy").rglob("*") if p.is_file()] + [REPO / "docker-compose.yml"]
+    modes_seen = []
+    for path in files:
+        text = path.read_text(errors="replace")
+        modes_seen += SOCKET_MODE.findall(text)
+        assert not _world_accessible_modes(text), f"{path}: a socket or file others may use"
+        assert not re.search(r"\b0?666\b", text), f"{path}: mode 666"
+    assert modes_seen.count("660") >= 2, modes_seen  # the DaemonSet and the image (docker-compose's zeusd) say 660
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    zeusd = compose["services"]["zeusd"]
+    assert "command" not in zeusd and "entrypoint" not in zeusd  # so the image's `serve ... 660` is what runs
+    # the check itself can fail
+    assert _world_accessible_modes('args: ["serve", "--socket-permissions", "666"]') == ["666"]
+    assert _world_accessible_modes("chmod 0777 /var/run/zeusd/zeusd.sock") == ["0777"]
+
+
+def test_the_zeusd_daemonset_writes_the_gpu_index_map_pods_read() -> None:
+    """Finding: zeusd was told the GPU index a pod sees (0) instead of its host index; a pod's GPU UUID is now
+    mapped to zeusd's index with the node's map, which the DaemonSet writes where pods find it."""
+    docs = {(d["kind"], d["metadata"]["name"]): d for _, d in _deploy_docs()}
+    pod_spec = docs[("DaemonSet", "zeusd")]["spec"]["template"]["spec"]
+    (init,) = pod_spec["initContainers"]
+    settings = KubernetesSettings()
+    assert init["command"][-3:] == ["carbonflow.energy.zeusd", "write-index-map", settings.gpu_index_map_path]
+    assert {e["name"]: e["value"] for e in init["env"]}["NVIDIA_VISIBLE_DEVICES"] == "all"  # every GPU of the host
+    assert init["volumeMounts"] == [{"name": "zeusd-socket", "mountPath": settings.zeusd_mount_path}]
+    assert "nvidia.com/gpu" not in str(init["resources"])  # it must not take a GPU away from training
+    pod = ManifestBuilder(settings).build(make_spec(), make_plan(1)).to_dicts()[-1]
+    assert env_of(pod["spec"]["containers"][0])["CARBONFLOW_GPU_INDEX_MAP"] == settings.gpu_index_map_path
+    restore = ManifestBuilder(settings).restore_pod(make_spec(), "cf-x-1", "node-a").to_dict()
+    assert {e["name"]: e["value"] for e in restore["spec"]["containers"][0]["env"]}[
+        "CARBONFLOW_GPU_INDEX_MAP"
+    ] == settings.gpu_index_map_path
+
+
+def test_the_example_manifests_carry_what_the_backend_generates() -> None:
+    """The hand-written examples in deploy/k8s/ show the generated tenancy wiring, not an older one."""
+    docs = {(d["kind"], d["metadata"]["name"]): d for _, d in _deploy_docs()}
+    generated = ManifestBuilder(KubernetesSettings()).build(make_spec(), make_plan(1)).to_dicts()[-1]["spec"]
+    want = generated["containers"][0]
+    examples = [
+        docs[("Pod", "carbonflow-example-train")]["spec"],
+        docs[("Job", "carbonflow-example-ddp")]["spec"]["template"]["spec"],
+    ]
+    for example in examples:
+        got = example["containers"][0]
+        assert got["securityContext"] == want["securityContext"]
+        assert example["terminationGracePeriodSeconds"] == generated["terminationGracePeriodSeconds"]
+        names = (
+            "CARBONFLOW_POWER_JOURNAL_DIR",
+            "CARBONFLOW_GPU_INDEX_MAP",
+            "CARBONFLOW_TRAINING_UID",
+            "ZEUSD_SOCK_PATH",
+        )
+        assert {n: env_of(got)[n] for n in names} == {n: env_of(want)[n] for n in names}
+        mounts = {m["name"]: m for m in got["volumeMounts"]}
+        wanted = {m["name"]: m for m in want["volumeMounts"]}
+        assert mounts["zeusd-socket"] == wanted["zeusd-socket"] and mounts["power-journal"] == wanted["power-journal"]
+
+
+def test_a_jobs_env_cannot_set_pod_name_cuda_visible_devices_or_the_journal_directory() -> None:
+    """Finding: a job's env came after the admin's settings, so ``POD_NAME`` moved the journal where the restore
+    pod does not look, and ``CUDA_VISIBLE_DEVICES`` pointed the training at another GPU. Refused by name at
+    validation, and again by the manifest builder (for a JobSpec that skipped validation) before anything
+    is built."""
+    from pydantic import ValidationError
+
+    for name in ("POD_NAME", "CUDA_VISIBLE_DEVICES", "CARBONFLOW_POWER_JOURNAL_DIR"):
+        with pytest.raises(ValidationError, match=f"env.{name}"):
+            make_spec(env={name: "elsewhere"})
+        unchecked = make_spec().model_copy(update={"env": {name: "elsewhere"}})
+        with pytest.raises(ValueError, match=f"env.{name}"):
+            ManifestBuilder(KubernetesSettings()).build(unchecked, make_plan(1))
+    # and what a job may set comes before carbonflow's own variables (in a container the last one wins)
+    pod = ManifestBuilder(KubernetesSettings()).build(make_spec(env={"MY_FLAG": "1"}), make_plan(1)).to_dicts()[-1]
+    names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
+    assert names[0] == "POD_NAME" and names.index("MY_FLAG") < names.index("CARBONFLOW_POWER_JOURNAL_DIR")
+
+
+def test_a_gpu_jobs_own_image_is_refused_unless_the_cluster_trusts_it() -> None:
+    """Finding: ``JobSpec.image`` chose the image whose ``carbonflow`` entrypoint runs as root beside zeusd's
+    socket (and the restore pod ran the job's image too): a job could bring its own "wrapper"."""
+    settings = KubernetesSettings(image="reg/carbonflow:1", trusted_images=["reg/team-*:*"])
+    builder = ManifestBuilder(settings)
+    with pytest.raises(ValueError, match=r"image='evil/train:1' is not allowed on GPU pods"):
+        builder.build(make_spec(image="evil/train:1"), make_plan(1))
+    for image in ("reg/carbonflow:1", "reg/team-vision:3"):
+        pod = builder.build(make_spec(image=image), make_plan(1)).to_dicts()[-1]
+        assert pod["spec"]["containers"][0]["image"] == image
+    cpu = builder.build(make_spec(image="evil/train:1", device_kind="cpu"), make_plan(1)).to_dicts()[-1]
+    assert "ZEUSD_SOCK_PATH" not in env_of(cpu["spec"]["containers"][0])  # no agent mounted: any image may run
+    restore = builder.restore_pod(make_spec(image="reg/team-vision:3"), "cf-x-1", "node-a").to_dict()
+    container = restore["spec"]["containers"][0]
+    assert container["image"] == "reg/carbonflow:1"  # the cluster's, never the job's
+    assert container["security_context"]["run_as_user"] == 0
+    assert container["security_context"]["capabilities"]["drop"] == ["ALL"]

@@ -50,7 +50,10 @@ def run_container_locally(view: ContainerView, workdir: Path) -> ContainerOutcom
     argv = [*exe.get(argv[0], [argv[0]]), *argv[1:]]
     sep = argv.index("--")
     argv = [*argv[: sep + 1], *exe.get(argv[sep + 1], [argv[sep + 1]]), *argv[sep + 2 :]]
-    env = {k: v for k, v in view.env.items() if k not in ("ZEUSD_SOCK_PATH",)}
+    # The pod's training user (CARBONFLOW_TRAINING_UID) cannot run this machine's interpreter (it lives under
+    # /root); dropping to it is shown in tests/energy/test_training_privileges.py with a world-executable one.
+    assert view.env["CARBONFLOW_TRAINING_UID"] == "1000"
+    env = {k: v for k, v in view.env.items() if k not in ("ZEUSD_SOCK_PATH", "CARBONFLOW_TRAINING_UID")}
     env["CARBONFLOW_POWER_JOURNAL_DIR"] = str(workdir / "journal")
     proc = subprocess.run(
         argv,
