@@ -53,9 +53,9 @@ from carbonflow.planning import JobHistory, PairProfile, plan_night
 from carbonflow.planning.night_gpus import deadline_factors, fit_plans_to_gpus, gpu_groups
 from carbonflow.planning.pair_prediction import (
     PairOutcome,
-    SoloFeatures,
     fit_pair_predictor,
     pairs_to_profile,
+    solo_features,
 )
 from carbonflow.profiling.refresh import ProfileState, profiles_to_refresh
 from carbonflow.simulation.devices import DeviceModel
@@ -76,15 +76,6 @@ def scale_jobs(n_jobs: int) -> list[nc.JobType]:
         base = by_workload[pairs.zeus_workload(g)]
         jobs.append(dataclasses.replace(base, name=f"job{i:03d}", gavel_index=g))
     return jobs
-
-
-def solo_features(profile: Profile) -> SoloFeatures:
-    """What the predictor reads from a solo profile: load and step time at the default limit, b0."""
-    at_default = [p for p in profile.points if p.config.power_limit_w == profile.default_power_limit_w]
-    point = min(at_default, key=lambda p: p.config.batch_size or 0)
-    power_w = sum(point.power_per_device_w.values())
-    step_s = (point.config.batch_size or 1) / point.throughput_samples_per_s
-    return SoloFeatures(profile.job, power_w / profile.default_power_limit_w, step_s)
 
 
 def solo_profile_gpu_s(profile: Profile, args: argparse.Namespace) -> float:

@@ -16,14 +16,19 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from carbonflow.models import JobSpec
+from carbonflow.models import JobSpec, field_bounds, field_problems
 
 JOBS_DIR_ENV = "CARBONFLOW_JOBS_DIR"
 SUFFIXES = (".yaml", ".yml", ".json")
 
 
 class RegistryError(ValueError):
-    """The registry cannot be used; the message lists every problem with its file and field."""
+    """The registry cannot be used; the message lists every problem with its file and field, and ``problems``
+    holds them one by one (a job file's field problems without the file's name, for callers that name it)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems if problems is not None else [message]
 
 
 def registry_dir(dags_folder: str | Path | None = None) -> Path:
@@ -42,14 +47,14 @@ def _read(path: Path) -> object:
         return json.loads(text)
     import yaml
 
-    return yaml.safe_load(text)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(" ".join(str(err).split())) from None
 
 
 def _field_problems(path: Path, err: ValidationError) -> list[str]:
-    return [
-        f"{path.name}: {'.'.join(str(p) for p in e['loc']) or 'job'}: {e['msg']} (got {e.get('input')!r})"
-        for e in err.errors()
-    ]
+    return [f"{path.name}: {problem}" for problem in field_problems(err)]
 
 
 def load_job_file(path: Path) -> JobSpec:
@@ -64,9 +69,41 @@ def load_job_file(path: Path) -> JobSpec:
     if isinstance(workdir, str) and not os.path.isabs(workdir):
         data = {**data, "working_dir": os.path.normpath(path.parent / workdir)}
     try:
-        return JobSpec.model_validate(data)
+        return with_code_fingerprint(JobSpec.model_validate(data))
     except ValidationError as err:
-        raise RegistryError("; ".join(_field_problems(path, err))) from None
+        raise RegistryError("; ".join(_field_problems(path, err)), problems=field_problems(err)) from None
+
+
+FINGERPRINT_MAX_BYTES = 64 * 1024 * 1024
+"""Files larger than this named in a command are not read for its fingerprint (data, not code)."""
+
+
+def code_fingerprint(spec: JobSpec) -> str | None:
+    """``auto-<sha256[:12]>`` of the files a command job's command names under its ``working_dir`` (its script
+    and any config it passes), or None when it names none (or has no working_dir): an edited script changes it."""
+    import hashlib
+
+    if spec.command is None or spec.working_dir is None:
+        return None
+    base = Path(spec.working_dir)
+    digest, found = hashlib.sha256(), 0
+    for word in spec.command:
+        if "{" in word or word.startswith("-") or os.path.isabs(word):
+            continue  # placeholders, options, the interpreter and other absolute paths are not the job's code
+        path = base / word
+        if path.is_file() and path.stat().st_size <= FINGERPRINT_MAX_BYTES:
+            digest.update(word.encode() + b"\0" + path.read_bytes())
+            found += 1
+    return f"auto-{digest.hexdigest()[:12]}" if found else None
+
+
+def with_code_fingerprint(spec: JobSpec) -> JobSpec:
+    """``spec`` with ``code_version`` set to :func:`code_fingerprint` when the job did not set its own: editing the
+    script then makes the job's profile stale (it is profiled again), as a new ``code_version`` does."""
+    if "code_version" in spec.model_fields_set:
+        return spec
+    fingerprint = code_fingerprint(spec)
+    return spec if fingerprint is None else spec.model_copy(update={"code_version": fingerprint})
 
 
 def load_registry(folder: str | Path) -> dict[str, JobSpec]:
@@ -90,3 +127,48 @@ def load_registry(folder: str | Path) -> dict[str, JobSpec]:
     if problems:
         raise RegistryError(f"job registry {folder}: " + " | ".join(problems))
     return jobs
+
+
+def _type_name(annotation: object) -> str:
+    import typing
+
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return " \\| ".join(repr(a) for a in args)
+    if origin is typing.Annotated:
+        return _type_name(args[0])
+    if args and origin in (typing.Union, __import__("types").UnionType):
+        return " or ".join(_type_name(a) for a in args if a is not type(None)) + " or null"
+    if origin in (list, dict):
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in args)}]"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def job_fields_markdown() -> str:
+    """The JobSpec fields as a Markdown table (docs/jobs.md holds it: ``python -m carbonflow.registry fields``)."""
+    from pydantic_core import PydanticUndefined
+
+    from carbonflow.models import SimulatedGpuSpec
+
+    lines = []
+    for title, model in (("JobSpec", JobSpec), ("simulated_gpu (SimulatedGpuSpec)", SimulatedGpuSpec)):
+        lines += [f"**{title}**", "", "| field | type | default | meaning |", "|---|---|---|---|"]
+        for name, field in model.model_fields.items():
+            if field.default is PydanticUndefined and field.default_factory is None:
+                default = "required"
+            else:
+                value = field.default_factory() if field.default_factory is not None else field.default
+                default = "`null`" if value is None else f"`{json.dumps(value)}`"
+            kind = _type_name(field.annotation) + field_bounds(field)
+            lines.append(f"| `{name}` | {kind} | {default} | {field.description} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["fields"]:
+        raise SystemExit("usage: python -m carbonflow.registry fields   (prints the JobSpec field table)")
+    print(job_fields_markdown())

@@ -3,7 +3,9 @@
 Jobs are declared here; all logic lives in carbonflow's operators. Each job must finish by the
 next morning (07:00 UTC). The night is planned jointly: each job's power limit, containers and
 start, and which jobs share a GPU (pairs whose measured slowdown stays inside both jobs' bounds);
-a co-located pair runs in one GPU-pool slot, launched by the first job's task.
+one training task per GPU group of the night plan (a job alone, or a pair sharing one GPU, labelled
+with its job names in the UI), each in one GPU-pool slot. Runs that could not reach MLflow wait in
+Airflow's metadata DB and are written by `deliver_runs` once MLflow is back.
 Set CARBONFLOW_REPLAY=1 (as `make demo` does) to replay the shipped
 NESO GB forecasts instead of calling live carbon-intensity APIs.
 """
@@ -16,11 +18,13 @@ from airflow.sdk import DAG, Param
 
 from carbonflow.operators import (
     CarbonAwareTrainingOperator,
+    DeliverHeldRunsOperator,
     EnergyProfileOperator,
     NightPlanOperator,
     PairProfileOperator,
     ValidateJobsOperator,
 )
+from carbonflow.operators.night import night_gpu_groups
 from carbonflow.workloads.catalog import NIGHTLY_JOBS
 
 GPU_POOL = "carbonflow_gpu"
@@ -59,13 +63,12 @@ with DAG(
     )
     for name, job_json in job_jsons.items():
         profile = EnergyProfileOperator(task_id=profile_ids[name], job=job_json, pool=GPU_POOL)
-        train = CarbonAwareTrainingOperator(
-            task_id="train_" + name.replace("-", "_"),
-            job=job_json,
-            profile_task_id=profile_ids[name],
-            night_plan_task_id="plan_night",
-            pool=GPU_POOL,
-        )
         validate >> profile >> pairs
-        night >> train
     pairs >> night
+    train = CarbonAwareTrainingOperator.partial(
+        task_id="train",
+        night_plan_task_id="plan_night",
+        pool=GPU_POOL,
+        map_index_template="{{ task.gpu_group | join('+') }}",
+    ).expand(gpu_group=night_gpu_groups(night.output))
+    train >> DeliverHeldRunsOperator(task_id="deliver_runs", training_task_ids=["train"]).as_teardown()

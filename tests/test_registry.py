@@ -37,8 +37,8 @@ def test_every_problem_is_reported_with_file_field_and_value(tmp_path):
     with pytest.raises(RegistryError) as info:
         load_registry(tmp_path)
     text = str(info.value)
-    assert "a.yaml: epochs: Value error, epochs=-1 is not allowed" in text
-    assert "b.yaml: regoin: Extra inputs are not permitted" in text  # unknown keys are refused, not ignored
+    assert "a.yaml: epochs: epochs=-1 is not allowed" in text
+    assert "b.yaml: regoin: unknown field; did you mean 'region'?" in text  # unknown keys are refused, not ignored
 
 
 def test_two_files_naming_one_job_are_refused(tmp_path):
@@ -69,3 +69,27 @@ def test_loading_100_jobs_is_fast_and_imports_no_airflow_or_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == "100" and out[2] == "False" and out[3] == "False"
     assert time.perf_counter() - t0 < 30  # generous: machine-dependent; dag_parse.py measures it properly
+
+
+def test_editing_a_command_jobs_script_changes_its_code_version(tmp_path):
+    """User trial: editing train.py did not re-profile ('reusing the profile … younger than 604800 s'): the default
+    code_version never changed. Now a command job without its own code_version carries a fingerprint of the files
+    its command names under working_dir (the profile is kept per code version), and an explicit one is kept."""
+    from carbonflow.registry import load_job_file
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("print('v1')\n")
+    (project / "config.yaml").write_text("lr: 0.1\n")
+    job = tmp_path / "my-mlp.yaml"
+    job.write_text(YAML_JOB.replace("train.py,", "train.py, --config, config.yaml,"))
+    first = load_job_file(job).code_version
+    assert first.startswith("auto-")
+    assert load_job_file(job).code_version == first, "the same files give the same version"
+    (project / "train.py").write_text("print('v2')\n")
+    assert load_job_file(job).code_version not in (first, "1"), "an edited script is a new code version"
+    second = load_job_file(job).code_version
+    (project / "config.yaml").write_text("lr: 0.2\n")
+    assert load_job_file(job).code_version != second, "a file the command names counts too"
+    job.write_text(job.read_text() + "code_version: '7'\n")
+    assert load_job_file(job).code_version == "7", "a job's own code_version wins"

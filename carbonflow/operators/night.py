@@ -16,18 +16,14 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, task
 
-from carbonflow.models import JobSpec, Profile, utcnow
-from carbonflow.operators.common import (
-    carbon_source,
-    home,
-    make_backend,
-    operator_clock,
-    parse_job,
-    planning_history,
-    safe_name,
-)
+from carbonflow.execution.backend import make_backend
+from carbonflow.models import JobSpec, Profile, parse_job, utcnow
+from carbonflow.operators.common import carbon_source, home, safe_name
+from carbonflow.session.clock import DEFAULT_DEADLINE_TIME_UTC
+from carbonflow.session.run import planning_history
+from carbonflow.session.source import session_clock
 
 
 def _jobs(jobs: Mapping[str, Any]) -> list[JobSpec]:
@@ -36,7 +32,15 @@ def _jobs(jobs: Mapping[str, Any]) -> list[JobSpec]:
     return [parse_job(job) for job in jobs.values()]
 
 
-def _profiles(context: Any, profile_task_ids: Mapping[str, str], specs: Sequence[JobSpec]) -> dict[str, Profile]:
+def _profiles(context: Any, profile_task_ids: Mapping[str, str] | str, specs: Sequence[JobSpec]) -> dict[str, Profile]:
+    """Each job's profile: from its own task (name → task id), or from one mapped task (every map index)."""
+    if isinstance(profile_task_ids, str):
+        pulled = context["ti"].xcom_pull(task_ids=[profile_task_ids]) or []
+        by_job = {p.job: p for p in (Profile.model_validate(raw) for raw in pulled if raw)}
+        missing = [s.name for s in specs if s.name not in by_job]
+        if missing:
+            raise ValueError(f"no profile for {missing} in the mapped task {profile_task_ids!r}")
+        return {s.name: by_job[s.name] for s in specs}
     out = {}
     for spec in specs:
         task_id = profile_task_ids.get(spec.name)
@@ -51,6 +55,10 @@ def _profiles(context: Any, profile_task_ids: Mapping[str, str], specs: Sequence
 
 def can_share(a: JobSpec, b: JobSpec) -> str | None:
     """Why two jobs can never share a GPU here, or None when they could."""
+    from carbonflow.session.run import observe_only
+
+    if observe_only(a) or observe_only(b):
+        return "an observe-only job trains alone, as it would without carbonflow"
     if a.region != b.region:
         return f"different regions ({a.region}, {b.region})"
     if a.min_containers != 1 or b.min_containers != 1:
@@ -70,7 +78,12 @@ class PairProfileOperator(BaseOperator):
     """Run each pair of recurring jobs that could share a GPU together briefly; XCom: the pair profiles.
 
     :param jobs: job name → JobSpec (model, dict or JSON; templated, e.g. pulled from the validate task).
-    :param profile_task_ids: job name → its EnergyProfileOperator task (solo speeds to compare with).
+    :param profile_task_ids: job name → its EnergyProfileOperator task (solo speeds to compare with), or the
+        task id of one EnergyProfileOperator mapped over the jobs.
+    :param max_pairs: / ``max_pair_gpu_s``: the night's pair-profiling budget (pair count, GPU-seconds at
+        ``pair_profile_gpu_s`` each). Within it the most promising unknown pairs are profiled, ranked by the pair
+        predictor (:mod:`carbonflow.planning.pair_prediction`); the early-observation guard settles the rest.
+        None for both: every unknown pair.
     :param profile_steps: steps measured together (default: the smaller of the two jobs' ``profile_steps``).
     """
 
@@ -81,15 +94,24 @@ class PairProfileOperator(BaseOperator):
         self,
         *,
         jobs: Mapping[str, Any],
-        profile_task_ids: Mapping[str, str],
+        profile_task_ids: Mapping[str, str] | str,
         profile_steps: int | None = None,
         tracking_uri: str | None = None,
         backend: str = "local",
+        max_pairs: int | None = None,
+        max_pair_gpu_s: float | None = None,
+        pair_profile_gpu_s: float = 60.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        for name, value in (("max_pairs", max_pairs), ("max_pair_gpu_s", max_pair_gpu_s)):
+            if value is not None and value < 0:
+                raise ValueError(f"{name}={value} is not allowed; use 0 or more (None: profile every unknown pair)")
+        self.max_pairs = max_pairs
+        self.max_pair_gpu_s = max_pair_gpu_s
+        self.pair_profile_gpu_s = pair_profile_gpu_s
         self.jobs = dict(jobs)
-        self.profile_task_ids = dict(profile_task_ids)
+        self.profile_task_ids = profile_task_ids if isinstance(profile_task_ids, str) else dict(profile_task_ids)
         self.profile_steps = profile_steps
         self.tracking_uri = tracking_uri
         self.backend = backend
@@ -105,14 +127,9 @@ class PairProfileOperator(BaseOperator):
         history = planning_history([s.name for s in specs], self.tracking_uri, self.log)
         run_id = str(context["run_id"]) if context and "run_id" in context else utcnow().strftime("%Y%m%dT%H%M%S")
         pairs: list[dict[str, Any]] = []
-        for a, b in itertools.combinations(specs, 2):
-            why_not = can_share(a, b)
-            if why_not:
-                self.log.info("not pairing %s and %s: %s", a.name, b.name, why_not)
-                continue
-            if history is not None and history.pair_slowdown(a.name, b.name) is not None:
-                self.log.info("%s and %s ran together before: the planner predicts from that history", a.name, b.name)
-                continue
+        by_name = {s.name: s for s in specs}
+        for name_a, name_b in self._pairs_tonight(specs, profiles, history):
+            a, b = by_name[name_a], by_name[name_b]
             if self._backend is None:
                 workdir = home() / "runs" / safe_name(run_id) / "pairs"
                 self._backend = make_backend(self.backend, workdir)
@@ -132,9 +149,49 @@ class PairProfileOperator(BaseOperator):
             pairs.append(dataclasses.asdict(pair))
         return pairs
 
+    def _pairs_tonight(self, specs: Sequence[JobSpec], profiles: Mapping[str, Profile], history: Any) -> list:
+        """Unknown pairs that could share a GPU; within the budget (if set), the most promising by prediction."""
+        unknown = []
+        for a, b in itertools.combinations(specs, 2):
+            why_not = can_share(a, b)
+            if why_not:
+                self.log.info("not pairing %s and %s: %s", a.name, b.name, why_not)
+            elif history is not None and history.pair_slowdown(a.name, b.name) is not None:
+                self.log.info("%s and %s ran together before: the planner predicts from that history", a.name, b.name)
+            else:
+                unknown.append((a.name, b.name))
+        if self.max_pairs is None and self.max_pair_gpu_s is None:
+            return unknown
+        from carbonflow.planning.pair_prediction import choose_pairs
+
+        chosen = choose_pairs(
+            unknown, profiles, _history_outcomes(specs, history),
+            max_pairs=len(unknown) if self.max_pairs is None else self.max_pairs,
+            max_gpu_s=float("inf") if self.max_pair_gpu_s is None else self.max_pair_gpu_s,
+            pair_profile_gpu_s=self.pair_profile_gpu_s,
+        )  # fmt: skip
+        self.log.info("%d unknown pairs could share a GPU; profiling the %d most promising within the budget "
+                      "(max_pairs=%s, max_pair_gpu_s=%s); the early-observation guard settles the rest",
+                      len(unknown), len(chosen), self.max_pairs, self.max_pair_gpu_s)  # fmt: skip
+        return [(c.job_a, c.job_b) for c in chosen]
+
     def on_kill(self) -> None:
         if self._backend is not None:
             self._backend.kill()
+
+
+def _history_outcomes(specs: Sequence[JobSpec], history: Any) -> list:
+    """Pairs that shared a GPU before, as kept speeds both ways (what the pair predictor learns from)."""
+    from carbonflow.planning.learning import kept_speed_from_slowdown
+    from carbonflow.planning.pair_prediction import PairOutcome
+
+    out = []
+    for a, b in itertools.combinations([s.name for s in specs], 2):
+        slow = (history.pair_slowdown(a, b), history.pair_slowdown(b, a)) if history is not None else (None, None)
+        if slow[0] is not None and slow[1] is not None:
+            out.append(PairOutcome(a, b, kept_speed_from_slowdown(max(slow[0], 0.0)),
+                                   kept_speed_from_slowdown(max(slow[1], 0.0))))  # fmt: skip
+    return out
 
 
 class NightPlanOperator(BaseOperator):
@@ -142,7 +199,7 @@ class NightPlanOperator(BaseOperator):
 
     :param jobs: job name → JobSpec (templated); a job without ``finish_by`` must finish by the next
         ``deadline_time_utc``.
-    :param profile_task_ids: job name → its EnergyProfileOperator task.
+    :param profile_task_ids: job name → its EnergyProfileOperator task, or one mapped profile task's id.
     :param pair_profile_task_id: the PairProfileOperator task (None: no co-location).
     :param replay: / ``replay_start`` / ``conn_ids``: as for CarbonAwareTrainingOperator.
     :param gpus: the GPUs the night's batch shares (e.g. the ``carbonflow_gpu`` pool's slots). The plans are
@@ -157,9 +214,9 @@ class NightPlanOperator(BaseOperator):
         self,
         *,
         jobs: Mapping[str, Any],
-        profile_task_ids: Mapping[str, str],
+        profile_task_ids: Mapping[str, str] | str,
         pair_profile_task_id: str | None = None,
-        deadline_time_utc: str = "07:00",
+        deadline_time_utc: str = DEFAULT_DEADLINE_TIME_UTC,
         replay: bool | None = None,
         replay_start: str | None = None,
         tracking_uri: str | None = None,
@@ -167,14 +224,14 @@ class NightPlanOperator(BaseOperator):
         gpus: int | None = None,
         **kwargs: Any,
     ) -> None:
-        from carbonflow.operators.training import next_deadline
+        from carbonflow.session.clock import next_deadline
 
         super().__init__(**kwargs)
         if gpus is not None and gpus < 1:
             raise ValueError(f"gpus={gpus} is not allowed; give the number of GPUs the night may use (>= 1)")
         self.gpus = gpus
         self.jobs = dict(jobs)
-        self.profile_task_ids = dict(profile_task_ids)
+        self.profile_task_ids = profile_task_ids if isinstance(profile_task_ids, str) else dict(profile_task_ids)
         self.pair_profile_task_id = pair_profile_task_id
         self.deadline_time_utc = deadline_time_utc
         self.replay = replay
@@ -184,15 +241,15 @@ class NightPlanOperator(BaseOperator):
         next_deadline(datetime.now().astimezone(), deadline_time_utc)  # validate at DAG parse time
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from carbonflow.operators.training import next_deadline
         from carbonflow.planning.colocation import PairProfile, plan_night
         from carbonflow.planning.guard import min_kept_speeds
         from carbonflow.planning.optimizer import predict_candidates
+        from carbonflow.session.clock import next_deadline
 
         specs = _jobs(self.jobs)
         profiles = _profiles(context, self.profile_task_ids, specs)
         source = carbon_source(self.replay, self.conn_ids)
-        now = operator_clock(source, specs[0].region, self.replay_start).now()
+        now = session_clock(source, specs[0].region, self.replay_start).now()
         deadline = next_deadline(now, self.deadline_time_utc)
         specs = [s if s.finish_by is not None else s.model_copy(update={"finish_by": deadline}) for s in specs]
         late = [s for s in specs if s.finish_by is not None and s.finish_by <= now]
@@ -234,8 +291,10 @@ class NightPlanOperator(BaseOperator):
             guard = min_kept_speeds(solo_me, solo_other, min(speeds[0], 1.0), min(speeds[1], 1.0),
                                     me.max_slowdown, other.max_slowdown)  # fmt: skip
             guards[me.name], guards[other.name] = guard
+        groups = gpu_groups(plans)
         return {
             "now": now.isoformat(),
+            "groups": groups,
             "jobs": {s.name: s.model_dump(mode="json") for s in specs},
             "plans": {p.job: p.model_dump(mode="json") for p in plans},
             "profiles": {name: p.model_dump(mode="json") for name, p in profiles.items()},
@@ -246,6 +305,26 @@ class NightPlanOperator(BaseOperator):
         }
 
 
+@task(task_id="gpu_groups")
+def night_gpu_groups(night: dict[str, Any]) -> list[list[str]]:
+    """The night plan's GPU groups, for the training tasks to map over (one task per group)::
+
+    train = CarbonAwareTrainingOperator.partial(task_id="train", night_plan_task_id="plan_night",
+                                                ).expand(gpu_group=night_gpu_groups(plan_night.output))
+    """
+    return night["groups"]
+
+
+def gpu_groups(plans: Sequence[Any]) -> list[list[str]]:
+    """The night's GPU groups, by start: each job alone, or a co-located pair (names in order), listed once."""
+    groups = []
+    for plan in sorted(plans, key=lambda p: (p.start, p.job)):
+        members = sorted([plan.job, *plan.colocated_with[:1]])
+        if members[0] == plan.job:
+            groups.append(members)
+    return groups
+
+
 def _fit_to_gpus(plans, gpus, now, forecasts, specs, profiles, history):  # type: ignore[no-untyped-def]
     """The night's plans fitted onto ``gpus`` GPUs, region by region's forecast (one region: the common case)."""
     from carbonflow.planning.night_gpus import deadline_factors, fit_plans_to_gpus
@@ -253,6 +332,15 @@ def _fit_to_gpus(plans, gpus, now, forecasts, specs, profiles, history):  # type
     margin = deadline_factors(plans, specs, profiles, history)
     forecast = next(iter(forecasts.values())) if len(forecasts) == 1 else None
     return fit_plans_to_gpus(plans, gpus, now, forecast, margin)
+
+
+def sharing_words(speeds: Sequence[float], label: str) -> str:
+    """A pair's kept speeds and the slowdowns they mean (the one formula, 1 / kept − 1), e.g. for a plan's reason."""
+    from carbonflow.planning.learning import slowdown_from_kept_speed
+
+    slower = " / ".join(f"{slowdown_from_kept_speed(k) * 100:.0f} %" for k in speeds)
+    kept = " / ".join(f"{k:.2f}" for k in speeds)
+    return f"sharing, they keep {kept} of their solo speeds ({slower} slower while both run; {label})"
 
 
 def _why_alone(
@@ -267,13 +355,17 @@ def _why_alone(
         if job not in (pair.job_a, pair.job_b):
             continue
         other = pair.job_b if pair.job_a == job else pair.job_a
-        solo = [predict_candidates(specs[n], profiles[n], history)[1].duration_s for n in (job, other)]
-        slow = predict_pair_slowdown(job, other, solo[0], solo[1], pair_profiles, history)
+        refs = [predict_candidates(specs[n], profiles[n], history)[1] for n in (job, other)]
+        slow = predict_pair_slowdown(job, other, refs[0].duration_s, refs[1].duration_s, pair_profiles, history,
+                                     refs[0].fixed_s, refs[1].fixed_s)  # fmt: skip
         if slow is None:
             continue
+        speeds = pair.speeds(job, other)
+        assert speeds is not None  # the pair is about ``job`` and ``other``
         notes.append(
-            f"; alone, not with {other}: together they would slow {slow[0] * 100:.0f} % / {slow[1] * 100:.0f} % "
-            f"(bounds {specs[job].max_slowdown * 100:.0f} % / {specs[other].max_slowdown * 100:.0f} %)"
+            f"; alone, not with {other}: {sharing_words(speeds, pair.label)}, so their runs would take "
+            f"{slow[0] * 100:.0f} % / {slow[1] * 100:.0f} % longer (bounds {specs[job].max_slowdown * 100:.0f} % / "
+            f"{specs[other].max_slowdown * 100:.0f} %)"
             if slow[0] > specs[job].max_slowdown or slow[1] > specs[other].max_slowdown
             else f"; alone, not with {other}: sharing a GPU would not save on the objective"
         )
