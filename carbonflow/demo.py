@@ -19,6 +19,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from carbonflow.terminal import short_time
+
 DAG_ID = "nightly_retrain"
 GPU_POOL = "carbonflow_gpu"
 GPU_POOL_SLOTS = 4
@@ -46,13 +48,22 @@ def demo_env(home: Path, dags_folder: Path) -> dict[str, str]:
     return env
 
 
-def _airflow(args: list[str], env: dict[str, str], log_path: Path) -> int:
+def airflow_cli(args: list[str], env: dict[str, str], log_path: Path) -> int:
+    """Run the Airflow CLI with ``args`` in ``env``, appending its output to ``log_path``; returns its exit code."""
     airflow = Path(sys.executable).with_name("airflow")
     command = [str(airflow) if airflow.exists() else "airflow", *args]
     with log_path.open("ab") as log_file:
         log_file.write(f"\n$ {' '.join(command)}\n".encode())
         log_file.flush()
         return subprocess.call(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+
+
+def prepare_airflow(env: dict[str, str], log_path: Path) -> bool:
+    """The embedded Airflow's metadata DB migrated and the GPU pool set; False when the migration failed."""
+    if airflow_cli(["db", "migrate"], env, log_path) != 0:
+        return False
+    airflow_cli(["pools", "set", GPU_POOL, str(GPU_POOL_SLOTS), "GPU slots for carbonflow training"], env, log_path)
+    return True
 
 
 def find_dags_folder() -> Path:
@@ -78,22 +89,24 @@ def run_demo(home: Path, console: Console | None = None) -> int:
     t0 = time.monotonic()
     console.print(f"[bold]carbonflow demo[/] — state in {home}, log in {log_path}")
     with console.status("initialising Airflow's metadata DB (SQLite)…"):
-        if _airflow(["db", "migrate"], env, log_path) != 0:
+        if not prepare_airflow(env, log_path):
             console.print(f"[red]airflow db migrate failed; see {log_path}[/]")
             return 1
-        _airflow(["pools", "set", GPU_POOL, str(GPU_POOL_SLOTS), "GPU slots for carbonflow training"], env, log_path)
     console.print(f"Airflow ready ({time.monotonic() - t0:.0f} s)")
+    from carbonflow.workloads.catalog import NIGHTLY_JOBS
+
+    jobs = [job["name"] for job in NIGHTLY_JOBS]
+    earlier = training_run_ids(env["MLFLOW_TRACKING_URI"], jobs)
     with console.status(f"running {DAG_ID} through Airflow: validate → profile → plan → wait → train → log…"):
-        code = _airflow(["dags", "test", DAG_ID, started.strftime("%Y-%m-%dT%H:%M:%S+00:00")], env, log_path)
+        code = airflow_cli(["dags", "test", DAG_ID, started.strftime("%Y-%m-%dT%H:%M:%S+00:00")], env, log_path)
     if code != 0:
         console.print(f"[red]{DAG_ID} failed (exit {code}); see {log_path}[/]")
         return code
     console.print(f"{DAG_ID} finished ({time.monotonic() - t0:.0f} s)")
     os.environ["MLFLOW_TRACKING_URI"] = env["MLFLOW_TRACKING_URI"]
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # the table reads a few small files
     os.environ["CARBONFLOW_HOME"] = str(home)
-    from carbonflow.workloads.catalog import NIGHTLY_JOBS
-
-    runs = latest_training_runs(env["MLFLOW_TRACKING_URI"], [job["name"] for job in NIGHTLY_JOBS])
+    runs = latest_training_runs(env["MLFLOW_TRACKING_URI"], jobs, earlier=earlier)
     if not runs:
         console.print(f"[red]no MLflow training run found; see {log_path}[/]")
         return 1
@@ -104,11 +117,17 @@ def run_demo(home: Path, console: Console | None = None) -> int:
     return 0
 
 
-def latest_training_runs(uri: str, jobs: list[str]) -> list[dict[str, Any]]:
-    """The newest training run (highest recurrence) of each job, in the order of ``jobs``.
+def training_run_ids(uri: str, jobs: list[str]) -> set[str]:
+    """Ids of the training runs of ``jobs`` already in the store (none when a local store does not exist yet)."""
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return set()
+    try:
+        return {row["run_id"] for row in _training_runs(uri, jobs)}
+    except Exception:  # the store is unreadable before the run: every run found afterwards is then a candidate
+        return set()
 
-    Runs carry their replayed start time, so recency is read from the recurrence index, not the clock.
-    """
+
+def _training_runs(uri: str, jobs: list[str]) -> list[dict[str, Any]]:
     from mlflow import MlflowClient
 
     from carbonflow.tracking import schema
@@ -120,18 +139,34 @@ def latest_training_runs(uri: str, jobs: list[str]) -> list[dict[str, Any]]:
         if experiment is None:
             continue
         found = client.search_runs([experiment.experiment_id], filter_string=f"tags.`{schema.T_KIND}` = 'training'")
-        if not found:
-            continue
-        run = max(found, key=lambda r: int(r.data.tags.get(schema.T_RECURRENCE, "0") or 0))
-        rows.append(
+        rows += [
             {
                 "run_id": run.info.run_id,
                 "job": job,
                 "params": run.data.params,
                 "metrics": run.data.metrics,
                 "tags": run.data.tags,
+                "recurrence": int(run.data.tags.get(schema.T_RECURRENCE, "0") or 0),
             }
-        )
+            for run in found
+        ]
+    return rows
+
+
+def latest_training_runs(uri: str, jobs: list[str], earlier: set[str] | None = None) -> list[dict[str, Any]]:
+    """The newest training run of each job, in the order of ``jobs``: one this demo logged (not in ``earlier``).
+
+    Runs carry their replayed start time and the demo's runs are on-demand runs without a recurrence index,
+    so "this night's run" is the one that was not in the store before the DAG ran; among several, the
+    highest recurrence index (when there is one) wins.
+    """
+    earlier = earlier or set()
+    rows = []
+    for job in jobs:
+        found = _training_runs(uri, [job])
+        fresh = [r for r in found if r["run_id"] not in earlier] or found
+        if fresh:
+            rows.append(max(fresh, key=lambda r: r["recurrence"]))
     return rows
 
 
@@ -178,15 +213,6 @@ def _w(limit: float | None) -> str:
     return "default limit" if limit is None else f"{limit:g} W"
 
 
-def _when(iso: str | None) -> str:
-    if not iso:
-        return "–"
-    try:
-        return datetime.fromisoformat(iso).strftime("%m-%d %H:%M UTC")
-    except ValueError:
-        return iso
-
-
 def _kj(value: float | None) -> str:
     return "–" if value is None else f"{value / 1000:.2f}"
 
@@ -202,6 +228,28 @@ def saving_cell(saving_g: float | None, fraction: float | None, objective: str |
     if saving_g is None:
         return "–"
     return f"{saving_g:.3f} g ({format_saving(fraction)}; objective {objective or '?'})"
+
+
+def sharing_line(metrics: dict[str, float]) -> str:
+    """A co-located run's kept speed (the GPU's; 1 / kept − 1 slower) and, apart, what this machine's CPUs did."""
+    from carbonflow.planning.learning import slowdown_from_kept_speed
+    from carbonflow.tracking import schema as s
+
+    kept = metrics.get(s.M_KEPT_SPEED_FRACTION)
+    if not kept:
+        return ""
+    pace = metrics.get(s.M_HOST_PACE_FRACTION)
+    line = (
+        f"shared the GPU: kept {kept:.2f} of its solo speed while both ran "
+        f"({slowdown_from_kept_speed(kept) * 100:.0f} % slower"
+        + ("; the simulated GPU's pair model, Gavel's V100 measurements)" if pace is not None else "; measured)")
+    )
+    if pace is not None:
+        line += (
+            f"; host-CPU contention, reported apart (two real trainings on this machine's CPUs, not the GPU): "
+            f"{pace:.2f} of the pace the simulated GPU prescribes"
+        )
+    return line
 
 
 def print_summary(console: Console, runs: list[dict[str, Any]]) -> None:
@@ -220,7 +268,7 @@ def print_summary(console: Console, runs: list[dict[str, Any]]) -> None:
             run["job"],
             f"{p.get(s.P_CONTAINERS)}× @ {p.get(s.P_POWER_LIMIT_W)} W"
             + ("" if p.get(s.P_COLOCATED_JOBS, "none") == "none" else f", GPU shared with {p[s.P_COLOCATED_JOBS]}"),
-            _when(p.get(s.P_PLANNED_START)),
+            short_time(p.get(s.P_PLANNED_START), " UTC"),
             f"{_kj(m.get(s.M_PREDICTED_ENERGY_TOTAL_J))} / {_kj(m.get(s.M_ENERGY_TOTAL_J))}",
             f"{_g(m.get(s.M_PREDICTED_EMISSIONS_G))} / {_g(m.get(s.M_EMISSIONS_G))}",
             "–" if m.get(s.M_TEST_ACCURACY) is None else f"{m[s.M_TEST_ACCURACY]:.3f}",
@@ -237,11 +285,14 @@ def print_summary(console: Console, runs: list[dict[str, Any]]) -> None:
             f"{m.get(s.M_CARBON_INTENSITY_MEAN):.3f} test_accuracy={m.get(s.M_TEST_ACCURACY, float('nan')):.4f}",
             soft_wrap=True,
         )
+        sharing = sharing_line(m)
+        if sharing:
+            console.print(f"    {sharing}", soft_wrap=True)
         for alt in _alternatives(run["run_id"]):
             config = alt["config"]
             console.print(
                 f"    also considered: {config['containers']}× @ {_w(config.get('power_limit_w'))} from "
-                f"{_when(alt['start'])}: {alt['predicted_energy_j'] / 1000:.2f} kJ, "
+                f"{short_time(alt['start'], ' UTC')}: {alt['predicted_energy_j'] / 1000:.2f} kJ, "
                 f"{alt['predicted_emissions_g']:.3f} g",
                 soft_wrap=True,
             )

@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING
 from carbonflow.tracking.history import RealisedVsPredicted, TrackingUnavailableError, realised_vs_predicted
 from carbonflow.tracking.spool import pending
 from carbonflow.tracking.uri import resolve_tracking_uri
-from carbonflow.units import energy_unit_for, format_emissions_g, format_energy_j
+from carbonflow.units import (
+    emissions_unit_for,
+    energy_unit_for,
+    format_emissions_g,
+    format_energy_j,
+    format_number,
+    format_percent,
+    tidy_zero,
+)
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -58,7 +66,8 @@ class ReportData:
     job: str
     tracking_uri: str
     rows: list[ReportRow]
-    png_path: Path
+    png_path: Path | None = None
+    """Where :func:`render_png` writes the runs view's plot (None: not written)."""
     png_size_px: tuple[int, int] = PNG_SIZE_PX
     spooled_waiting: int = 0
     notes: list[str] = field(default_factory=list)
@@ -111,8 +120,8 @@ def existing_store(tracking_uri: str | None) -> str:
         if not path.is_file() or path.stat().st_size == 0:
             raise LookupError(
                 f"no MLflow store at {path} (tracking URI {uri}); point carbonflow at the store your runs were "
-                "logged to with --tracking-uri or MLFLOW_TRACKING_URI, or run from the folder whose "
-                ".carbonflow/ holds it (CARBONFLOW_HOME)"
+                "logged to with --tracking-uri or MLFLOW_TRACKING_URI, or set CARBONFLOW_HOME to the .carbonflow "
+                "folder holding it (or run from the folder that holds that .carbonflow)"
             )
     return resolve_tracking_uri(uri)
 
@@ -121,11 +130,11 @@ def build_report(
     job: str,
     *,
     tracking_uri: str | None = None,
-    png_path: Path,
+    png_path: Path | None = None,
     last_n: int | None = None,
     spool_dir: Path | None = None,
 ) -> ReportData:
-    """Read ``job``'s training runs from MLflow, write the comparison PNG to ``png_path``, return the data.
+    """Read ``job``'s training runs from MLflow, return the data; with ``png_path``, also write the runs plot there.
 
     Raises :class:`TrackingUnavailableError` when the store cannot be read and :class:`LookupError`
     when the job has no training run there.
@@ -141,15 +150,25 @@ def build_report(
     if last_n is not None:
         history = history[-last_n:]
     rows = [_row(r) for r in history]
-    report = ReportData(job=job, tracking_uri=uri, rows=rows, png_path=Path(png_path), spooled_waiting=waiting)
+    report = ReportData(
+        job=job,
+        tracking_uri=uri,
+        rows=rows,
+        png_path=None if png_path is None else Path(png_path),
+        spooled_waiting=waiting,
+    )
     if waiting:
         report.notes.append(f"{waiting} run(s) of {job} wait in the local spool for the tracking server")
     labels = sorted({r.energy_labels for r in rows})
     if any(label != "measured" for label in labels):
         report.notes.append(f"energy labels present: {', '.join(labels)} (not every figure is a hardware reading)")
-    if any(r.replay for r in rows):
-        report.notes.append("rows marked 'replay' used replayed carbon-intensity data, not a live API")
-    render_png(report)
+    else:
+        report.notes.append("energy labels: measured")
+    replayed = sum(1 for r in rows if r.replay)
+    if replayed:
+        report.notes.append(f"{replayed} of {len(rows)} runs used replayed carbon-intensity data, not a live API")
+    if report.png_path is not None:
+        render_png(report)
     return report
 
 
@@ -157,46 +176,66 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _saving_g(row: ReportRow) -> float | None:
+    """The row's saving in grams, 0 when it is floating-point noise (an observe-only run saves exactly 0)."""
+    if row.saving_g is None:
+        return None
+    return tidy_zero(row.saving_g, max(row.emissions_g, row.emissions_run_now_default_g or 0.0))
+
+
+def _labels(row: ReportRow) -> str:
+    """``measured, estimated replay``: words a narrow column can wrap between (never inside)."""
+    return row.energy_labels.replace(",", ", ") + (" replay" if row.replay else "")
+
+
 def render_table(report: ReportData) -> Table:
-    """The report as a rich table (one row per run, totals in the caption)."""
+    """The report as a rich table (one row per run, totals in the caption), at most 100 columns wide.
+
+    Every header carries its unit and every column is scaled once (its largest value's unit); numbers never
+    wrap, dates wrap at their space, and only configuration keys may fold. Columns that would say the same on
+    every row (recurrence, co-located jobs, labels) are left out and said once in the caption.
+    """
     from rich.table import Table
 
-    table = Table(title=f"carbonflow report: {report.job}  ({report.tracking_uri})", show_lines=False)
-    unit, per_unit = energy_unit_for([r.energy_total_j for r in report.rows])
-    columns = [
-        ("#", "right"),
-        ("started (UTC)", "left"),
-        ("config", "left"),
-        ("with", "left"),
-        ("time (s)", "right"),
-        (f"energy ({unit})", "right"),
-        ("CO2e (g)", "right"),
-        ("saving (g)", "right"),
-        ("saving", "right"),
-        ("accuracy", "right"),
-        ("labels", "left"),
-    ]
-    for name, justify in columns:
-        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
-    for row in report.rows:
+    rows = report.rows
+    table = Table(title=f"carbonflow report: {report.job}\n({report.tracking_uri})", show_lines=False)
+    e_unit, per_j = energy_unit_for([r.energy_total_j for r in rows])
+    g_unit, per_g = emissions_unit_for([r.emissions_g for r in rows])
+    savings = [_saving_g(r) for r in rows]
+    s_unit, per_s = emissions_unit_for([s for s in savings if s is not None])
+    show_recurrence = any(r.recurrence is not None for r in rows)
+    show_others = any(r.colocated_with != "-" for r in rows)
+    show_labels = len({_labels(r) for r in rows}) > 1
+    if show_recurrence:
+        table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("started (UTC)", min_width=10)
+    table.add_column("config", overflow="fold", min_width=6)
+    if show_others:
+        table.add_column("with", overflow="fold")
+    for header in ("time (s)", f"energy ({e_unit})", f"CO2e ({g_unit})", f"saved ({s_unit})", "saved (%)", "acc."):
+        table.add_column(header.replace(" ", "\n"), justify="right", no_wrap=True)
+    if show_labels:
+        table.add_column("labels", min_width=9)
+    for row, saving in zip(rows, savings, strict=True):
         table.add_row(
-            "-" if row.recurrence is None else str(row.recurrence),
+            *(["-" if row.recurrence is None else str(row.recurrence)] if show_recurrence else []),
             row.started_at,
             row.config_key,
-            row.colocated_with,
+            *([row.colocated_with] if show_others else []),
             _fmt(row.duration_s, ".1f"),
-            _fmt(row.energy_total_j / per_unit, ".4g"),
-            _fmt(row.emissions_g, ".3g"),
-            _fmt(row.saving_g, ".3g"),
-            _fmt(None if row.saving_fraction is None else 100 * row.saving_fraction, ".1f") + " %",
+            format_number(row.energy_total_j / per_j, 4),
+            format_number(row.emissions_g / per_g),
+            format_number(None if saving is None else saving / per_s),
+            format_percent(0.0 if saving == 0 else row.saving_fraction),
             _fmt(row.test_accuracy, ".3f"),
-            row.energy_labels + (" +replay" if row.replay else ""),
+            *([_labels(row)] if show_labels else []),
         )
-    caption = (
-        f"{len(report.rows)} runs: {format_energy_j(report.energy_total_j)}, {format_emissions_g(report.emissions_g)} "
-        f"CO2e, saved {format_emissions_g(report.saving_g)} vs run-now at the default power limit"
-    )
-    table.caption = "\n".join([caption, *report.notes])
+    caption = [
+        f"{len(rows)} runs: {format_energy_j(report.energy_total_j)}, {format_emissions_g(report.emissions_g)} CO2e, "
+        f"saved {format_emissions_g(tidy_zero(report.saving_g, report.emissions_g))} vs run-now at the default "
+        "power limit"
+    ]
+    table.caption = "\n".join([*caption, *report.notes])
     return table
 
 
@@ -204,25 +243,32 @@ def render_png(report: ReportData) -> Path:
     """Four panels per run: energy, emissions vs the run-now baseline, accuracy, realised/predicted."""
     from matplotlib.figure import Figure
 
+    if report.png_path is None:
+        raise ValueError(f"the report of {report.job} has no png_path: set where to write the plot")
     rows = report.rows
     xs = list(range(len(rows)))
-    ticks = [f"{r.recurrence if r.recurrence is not None else '?'}\n{r.config_key}" for r in rows]
+    ticks = [f"{f'#{r.recurrence}' if r.recurrence is not None else r.started_at[5:]}\n{r.config_key}" for r in rows]
     fig = Figure(figsize=(PNG_WIDTH_IN, PNG_HEIGHT_IN), dpi=PNG_DPI)
     axes = fig.subplots(2, 2)
+    e_unit, per_j = energy_unit_for([r.energy_total_j for r in rows])
+    g_unit, per_g = emissions_unit_for([max(r.emissions_g, r.emissions_run_now_default_g or 0) for r in rows])
     ax = axes[0][0]
-    ax.bar(xs, [r.energy_total_j / 1000 for r in rows], color="tab:blue")
-    ax.set_title("energy_total_j (kJ)")
+    ax.bar(xs, [r.energy_total_j / per_j for r in rows], color="tab:blue")
+    ax.set_title(f"energy per run ({e_unit})")
+    ax.set_ylabel(e_unit)
     ax = axes[0][1]
     width = 0.4
-    ax.bar([x - width / 2 for x in xs], [r.emissions_g for r in rows], width, label="emissions_g", color="tab:green")
+    ax.bar([x - width / 2 for x in xs], [r.emissions_g / per_g for r in rows], width, label="this run",
+           color="tab:green")  # fmt: skip
     ax.bar(
         [x + width / 2 for x in xs],
-        [r.emissions_run_now_default_g or 0 for r in rows],
+        [(r.emissions_run_now_default_g or 0) / per_g for r in rows],
         width,
-        label="emissions_run_now_default_g",
+        label="run now at the default power limit",
         color="tab:grey",
     )
-    ax.set_title("emissions (g CO2e) vs run now at default power")
+    ax.set_title(f"emissions ({g_unit} CO2e)")
+    ax.set_ylabel(f"{g_unit} CO2e")
     ax.legend(fontsize=8)
     ax = axes[1][0]
     ax.plot(xs, [r.test_accuracy if r.test_accuracy is not None else float("nan") for r in rows], "o-")
@@ -242,7 +288,7 @@ def render_png(report: ReportData) -> Path:
     ax.legend(fontsize=8)
     for ax in axes.flat:
         ax.set_xticks(xs, ticks)
-        ax.set_xlabel("recurrence / configuration")
+        ax.set_xlabel("run (recurrence or start, UTC) / configuration")
         ax.tick_params(axis="x", labelsize=7 if len(rows) > 8 else 9)
         ax.grid(alpha=0.3)
     labels = ", ".join(sorted({r.energy_labels for r in rows}))
@@ -253,4 +299,93 @@ def render_png(report: ReportData) -> Path:
     return report.png_path
 
 
-__all__ = ["PNG_SIZE_PX", "ReportData", "ReportRow", "TrackingUnavailableError", "build_report", "render_table"]
+@dataclass(frozen=True)
+class ConfigSummary:
+    """One configuration across a job's runs: what it cost and how accurate it was."""
+
+    config_key: str
+    runs: int
+    energy_mean_j: float
+    accuracy_mean: float | None
+    accuracy_best: float | None
+    pareto: bool
+    """No other configuration used less energy *and* reached a higher mean accuracy."""
+
+
+def energy_accuracy(report: ReportData) -> list[ConfigSummary]:
+    """The job's configurations by mean energy, each with its accuracy and whether it is on the Pareto front."""
+    from statistics import fmean
+
+    by_config: dict[str, list[ReportRow]] = {}
+    for row in report.rows:
+        by_config.setdefault(row.config_key, []).append(row)
+    keys = sorted(by_config, key=lambda k: fmean(r.energy_total_j for r in by_config[k]))
+    energy = {k: fmean(r.energy_total_j for r in by_config[k]) for k in keys}
+    accuracy = {}
+    for k in keys:
+        known = [r.test_accuracy for r in by_config[k] if r.test_accuracy is not None]
+        accuracy[k] = (fmean(known), max(known)) if known else (None, None)
+    front, best_so_far = set(), float("-inf")  # keys ascend in energy: a point is on the front if it beats all cheaper
+    for k in keys:
+        mean = accuracy[k][0]
+        if mean is not None and mean > best_so_far:
+            front.add(k)
+            best_so_far = mean
+    return [ConfigSummary(k, len(by_config[k]), energy[k], accuracy[k][0], accuracy[k][1], k in front) for k in keys]
+
+
+def render_energy_accuracy_table(report: ReportData) -> Table:
+    """Energy against accuracy, one row per configuration (Pareto-front rows marked)."""
+    from rich.table import Table
+
+    summaries = energy_accuracy(report)
+    unit, per_unit = energy_unit_for([c.energy_mean_j for c in summaries])
+    table = Table(title=f"energy against accuracy: {report.job}")
+    for name in ("config", "runs", f"mean energy ({unit})", "mean accuracy", "best accuracy", "Pareto"):
+        table.add_column(name, justify="left" if name == "config" else "right")
+    for c in summaries:
+        table.add_row(c.config_key, str(c.runs), _fmt(c.energy_mean_j / per_unit, ".4g"), _fmt(c.accuracy_mean, ".3f"),
+                      _fmt(c.accuracy_best, ".3f"), "yes" if c.pareto else "")  # fmt: skip
+    table.caption = ("Pareto: no other configuration used less energy and reached a higher mean accuracy. "
+                     f"Energy labels: {', '.join(sorted({r.energy_labels for r in report.rows}))}")  # fmt: skip
+    return table
+
+
+def render_energy_accuracy_png(report: ReportData, path: Path) -> Path:
+    """Each run as a point (energy, accuracy), coloured by configuration; the Pareto front as a line."""
+    from matplotlib.figure import Figure
+
+    summaries = energy_accuracy(report)
+    unit, per_unit = energy_unit_for([r.energy_total_j for r in report.rows])
+    fig = Figure(figsize=(PNG_WIDTH_IN * 0.6, PNG_HEIGHT_IN * 0.6), dpi=PNG_DPI)
+    ax = fig.subplots()
+    for c in summaries:
+        rows = [r for r in report.rows if r.config_key == c.config_key and r.test_accuracy is not None]
+        ax.scatter([r.energy_total_j / per_unit for r in rows], [r.test_accuracy for r in rows], label=c.config_key)
+    front = sorted((c for c in summaries if c.pareto), key=lambda c: c.energy_mean_j)
+    if front:
+        ax.plot([c.energy_mean_j / per_unit for c in front], [c.accuracy_mean for c in front], "k--",
+                linewidth=1, label="Pareto front (means)")  # fmt: skip
+    ax.set_xlabel(f"energy per run ({unit})")
+    ax.set_ylabel("test_accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    labels = ", ".join(sorted({r.energy_labels for r in report.rows}))
+    ax.set_title(f"{report.job}: energy against accuracy (energy: {labels})", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=PNG_DPI)
+    return path
+
+
+__all__ = [
+    "PNG_SIZE_PX",
+    "ReportData",
+    "ReportRow",
+    "TrackingUnavailableError",
+    "build_report",
+    "energy_accuracy",
+    "render_energy_accuracy_png",
+    "render_energy_accuracy_table",
+    "render_table",
+]

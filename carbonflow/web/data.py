@@ -218,14 +218,18 @@ def latest_runs(tracking_uri: str | None = None, limit: int = 20, readable: Read
     return rows[:limit]
 
 
-def upcoming_from_state(raw: dict[str, Any], **where: str) -> UpcomingJob | None:
-    """An :class:`UpcomingJob` from the training operator's deferral state (``{"plan": ..., "forecast": ...}``)."""
+def upcoming_from_state(raw: dict[str, Any], **where: str) -> list[UpcomingJob]:
+    """The jobs of a deferred training task's wait state (one, or a pair sharing a GPU); [] for another shape.
+
+    Reads :class:`~carbonflow.session.WaitState` as stored now and as carbonflow 0.1.0 stored it.
+    """
+    from carbonflow.session.state import WaitState
+
     state = raw.get("state", raw)
-    if not isinstance(state, dict) or "plan" not in state:
-        return None
-    plan = Plan.model_validate(state["plan"])
-    forecast = Forecast.model_validate(state["forecast"]) if state.get("forecast") else None
-    return UpcomingJob(plan=plan, forecast=forecast, **where)
+    if not isinstance(state, dict) or not ({"plan", "members"} & set(state)):
+        return []
+    wait = WaitState.read(state)
+    return [UpcomingJob(plan=m.plan, forecast=wait.forecast, **where) for m in wait.members]
 
 
 def decode_next_kwargs(raw: dict[str, Any]) -> dict[str, Any]:
@@ -260,7 +264,7 @@ def airflow_upcoming(limit: int = 50) -> list[UpcomingJob]:
         ).all()
         for ti in tis:
             try:
-                job = upcoming_from_state(
+                jobs = upcoming_from_state(
                     decode_next_kwargs(ti.next_kwargs or {}),
                     dag_id=ti.dag_id,
                     run_id=ti.run_id,
@@ -270,8 +274,7 @@ def airflow_upcoming(limit: int = 50) -> list[UpcomingJob]:
             except Exception as exc:  # an old or foreign state shape must not break the page
                 log.warning("cannot read the plan of %s/%s/%s: %s", ti.dag_id, ti.run_id, ti.task_id, exc)
                 continue
-            if job is not None:
-                out.append(job)
+            out.extend(jobs)
     return sorted(out, key=lambda j: j.plan.start)
 
 

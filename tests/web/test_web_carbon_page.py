@@ -28,6 +28,12 @@ def _spec(name: str) -> JobSpec:
     return JobSpec(name=name, workload="digits_cnn", epochs=2, region="GB", device_kind="cpu")
 
 
+def _job_json(name: str) -> dict:
+    from carbonflow.workloads.catalog import DIGITS_CNN
+
+    return JobSpec.model_validate({**DIGITS_CNN, "name": name}).model_dump(mode="json")
+
+
 def _plan(name: str, start: datetime, duration_s: float = 5400, energy_j: float = 7.2e5) -> Plan:
     return Plan(
         job=name,
@@ -189,9 +195,11 @@ def test_mlflow_down_is_shown_not_raised(monkeypatch):
 def test_upcoming_from_operator_state_and_empty_render():
     first = datetime(2023, 3, 14, 0, 0, tzinfo=UTC)
     plan = _plan("digits_cnn", first)
-    job = upcoming_from_state({"state": {"plan": plan.model_dump(mode="json"), "forecast": None}}, dag_id="d")
-    assert job is not None and job.plan == plan and job.forecast is None and job.dag_id == "d"
-    assert upcoming_from_state({"something": 1}) is None
+    v1 = {"job": _job_json("digits_cnn"), "plan": plan.model_dump(mode="json"), "first_now": first.isoformat(),
+          "forecast": None, "replans": 0}  # fmt: skip
+    [job] = upcoming_from_state({"state": v1}, dag_id="d")  # as carbonflow 0.1.0 stored it
+    assert job.plan == plan and job.forecast is None and job.dag_id == "d"
+    assert upcoming_from_state({"something": 1}) == []
     html = render_page(PageData(forecast=None, upcoming=[], runs=[], tracking_uri="sqlite:///x"))
     assert "No forecast" in html and "No training runs yet." in html
 
@@ -205,8 +213,12 @@ def test_deferred_task_state_as_airflow_stores_it_is_decoded():
     """The worker serialises ``defer(kwargs=...)`` with Airflow's serde before it reaches the DB."""
     from airflow.sdk.serde import serialize
 
+    from carbonflow.session import GroupMember, WaitState
+
     up = _upcoming()[0]
-    state = {"plan": up.plan.model_dump(mode="json"), "forecast": up.forecast.model_dump(mode="json"), "replans": 0}
-    stored = serialize({"state": state})
-    job = upcoming_from_state(decode_next_kwargs(stored), dag_id="nightly_retrain")
-    assert job is not None and job.plan == up.plan and job.forecast == up.forecast
+    pair = [GroupMember(job=_job_json(name), plan=up.plan.model_copy(update={"job": name})) for name in ("a", "b")]
+    state = WaitState(members=pair, first_now=up.plan.start, forecast=up.forecast)
+    stored = serialize({"state": state.model_dump(mode="json")})
+    jobs = upcoming_from_state(decode_next_kwargs(stored), dag_id="nightly_retrain")
+    assert [j.plan.job for j in jobs] == ["a", "b"]  # a pair sharing a GPU shows both jobs
+    assert jobs[0].forecast == up.forecast and jobs[0].dag_id == "nightly_retrain"
