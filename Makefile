@@ -7,7 +7,7 @@ EXTRAS ?= train,test,docs,hf,lightning
 comma := ,
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt 2>/dev/null | sha1sum | cut -c1-12)-$(subst $(comma),_,$(EXTRAS))
 
-.PHONY: install system-deps demo test docs e2e bench lint serve stop clean constraints
+.PHONY: install system-deps demo test docs e2e e2e-distributed bench lint serve stop clean constraints
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,9 @@ docs: install  ## the documentation site (MkDocs Material, API reference from do
 
 e2e: install  ## stack-level tests: real Airflow services + MLflow server + headless Chromium
 	@$(BIN)/python -m pytest -m slow tests/e2e
+
+e2e-distributed: install system-deps  ## Airflow on CeleryExecutor (Redis, PostgreSQL), 2 workers + triggerer, fake 4-GPU node, faults
+	@$(BIN)/python -m pytest tests/e2e/test_distributed.py
 
 bench:  ## every benchmark in benchmarks/ (results in benchmarks/results/)
 	@$(MAKE) --no-print-directory install EXTRAS=train,test,bench

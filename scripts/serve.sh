@@ -14,6 +14,12 @@
 #   CARBONFLOW_VENV            virtualenv with carbonflow installed (default: <repo>/.venv)
 #   CARBONFLOW_START_TIMEOUT_S seconds to wait for health (default 240)
 #   CARBONFLOW_GPU_POOL, CARBONFLOW_GPU_POOL_SLOTS  the Airflow pool modelling GPU capacity (carbonflow_gpu, 2)
+#   CARBONFLOW_DAGS_FOLDER     the DAGs to serve (default: <repo>/dags)
+#   CARBONFLOW_EXECUTOR        local (default: LocalExecutor) or celery (CeleryExecutor: needs a PostgreSQL
+#                              CARBONFLOW_AIRFLOW_DB_URL and a broker)
+#   CARBONFLOW_CELERY_BROKER_URL   the Celery broker (default redis://127.0.0.1:6379/0)
+#   CARBONFLOW_CELERY_WORKERS  how many Celery workers to start (default 2); worker N and the triggerer each get
+#                              their own CARBONFLOW_HOME under $CARBONFLOW_HOME/hosts/, as if on separate hosts
 # Auth: SimpleAuthManager with every user an admin (a local development stack): get a REST API token with
 #   curl -s http://127.0.0.1:$PORT/auth/token   (GET, no credentials) and send "Authorization: Bearer <token>".
 set -euo pipefail
@@ -53,6 +59,19 @@ for port in "$AIRFLOW_PORT" "$MLFLOW_PORT"; do
   fi
 done
 
+EXECUTOR="${CARBONFLOW_EXECUTOR:-local}"
+case "$EXECUTOR" in
+  local) EXECUTOR_CLASS=LocalExecutor ;;
+  celery)
+    EXECUTOR_CLASS=CeleryExecutor
+    case "${CARBONFLOW_AIRFLOW_DB_URL:-}" in
+      postgresql*) ;;
+      *) echo "serve: CARBONFLOW_EXECUTOR=celery needs CARBONFLOW_AIRFLOW_DB_URL=postgresql+psycopg2://… (got '${CARBONFLOW_AIRFLOW_DB_URL:-}')" >&2; exit 2 ;;
+    esac
+    [[ -x "$VENV/bin/celery" ]] || { echo "serve: $VENV has no celery; install apache-airflow-providers-celery" >&2; exit 2; } ;;
+  *) echo "serve: CARBONFLOW_EXECUTOR='$EXECUTOR' is not allowed; use local or celery" >&2; exit 2 ;;
+esac
+
 # A JWT secret shared by every Airflow process (tokens issued by the api-server are checked by the others).
 SECRET_FILE="$AIRFLOW_HOME_DIR/jwt_secret"
 if [[ ! -s "$SECRET_FILE" ]]; then
@@ -64,10 +83,10 @@ fi
 cat > "$HOME_DIR/stack.env" <<EOF
 export CARBONFLOW_HOME="$HOME_DIR"
 export AIRFLOW_HOME="$AIRFLOW_HOME_DIR"
-export AIRFLOW__CORE__DAGS_FOLDER="$REPO/dags"
+export AIRFLOW__CORE__DAGS_FOLDER="${CARBONFLOW_DAGS_FOLDER:-$REPO/dags}"
 export AIRFLOW__CORE__PLUGINS_FOLDER="$REPO/plugins"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
-export AIRFLOW__CORE__EXECUTOR=LocalExecutor
+export AIRFLOW__CORE__EXECUTOR=$EXECUTOR_CLASS
 export AIRFLOW__CORE__PARALLELISM=4
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://127.0.0.1:$AIRFLOW_PORT/execution/"
 export AIRFLOW__CORE__AUTH_MANAGER=airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager
@@ -86,6 +105,12 @@ export MLFLOW_TRACKING_URI="http://127.0.0.1:$MLFLOW_PORT"
 export CARBONFLOW_UI_AUTH=airflow
 export PYTHONPATH="$REPO\${PYTHONPATH:+:\$PYTHONPATH}"
 EOF
+if [[ "$EXECUTOR" == celery ]]; then
+  cat >> "$HOME_DIR/stack.env" <<EOF
+export AIRFLOW__CELERY__BROKER_URL="${CARBONFLOW_CELERY_BROKER_URL:-redis://127.0.0.1:6379/0}"
+export AIRFLOW__CELERY__RESULT_BACKEND="db+${CARBONFLOW_AIRFLOW_DB_URL}"
+EOF
+fi
 # shellcheck disable=SC1091
 source "$HOME_DIR/stack.env"
 
@@ -123,7 +148,17 @@ start mlflow "$VENV/bin/mlflow" server --host 127.0.0.1 --port "$MLFLOW_PORT" --
 start airflow-api-server "$VENV/bin/airflow" api-server --port "$AIRFLOW_PORT" --host 127.0.0.1 --workers 1
 start airflow-scheduler "$VENV/bin/airflow" scheduler
 start airflow-dag-processor "$VENV/bin/airflow" dag-processor
-start airflow-triggerer "$VENV/bin/airflow" triggerer
+if [[ "$EXECUTOR" == celery ]]; then  # the triggerer and each worker with its own CARBONFLOW_HOME: other hosts
+  mkdir -p "$HOME_DIR/hosts/triggerer"
+  start airflow-triggerer env CARBONFLOW_HOME="$HOME_DIR/hosts/triggerer" "$VENV/bin/airflow" triggerer
+  for i in $(seq 1 "${CARBONFLOW_CELERY_WORKERS:-2}"); do
+    mkdir -p "$HOME_DIR/hosts/worker-$i"
+    start "airflow-celery-worker-$i" env CARBONFLOW_HOME="$HOME_DIR/hosts/worker-$i" "$VENV/bin/airflow" celery \
+      worker --celery-hostname "worker-$i@%h" --concurrency 2 --skip-serve-logs
+  done
+else
+  start airflow-triggerer "$VENV/bin/airflow" triggerer
+fi
 
 health_json() { curl -fsS --max-time 3 "http://127.0.0.1:$AIRFLOW_PORT/api/v2/monitor/health" 2>/dev/null || true; }
 all_healthy() {

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "system-deps.sh"
 
 
-def _fake_bin(tmp_path: Path, *, installed: set[str], uid: int) -> Path:
+def _fake_bin(tmp_path: Path, *, installed: set[str], uid: int, redis_up: bool = True) -> Path:
     """dpkg, id and apt-get as a fresh Debian machine without Chromium would answer (apt-get records calls)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -23,6 +23,8 @@ def _fake_bin(tmp_path: Path, *, installed: set[str], uid: int) -> Path:
         "id": f'[ "$1" = -u ] && echo {uid}',
         "apt-get": f'echo "$@" >> {log}',
         "pg_isready": "exit 0",
+        "redis-cli": "exit 0" if redis_up else "exit 1",
+        "redis-server": f'echo "redis-server $@" >> {log}',
     }
     for name, body in scripts.items():
         path = bin_dir / name
@@ -54,6 +56,13 @@ def test_without_root_it_says_what_to_install_and_fails(tmp_path):
 def test_nothing_is_installed_when_everything_is_there(tmp_path):
     done = _run(_fake_bin(tmp_path, installed={"docker-compose", "chromium", "chromium-driver"}, uid=0))
     assert done.returncode == 0 and not (tmp_path / "apt.log").exists()
+
+
+def test_a_stopped_redis_is_started_for_the_celery_tests(tmp_path):
+    installed = {"docker-compose", "chromium", "chromium-driver"}
+    done = _run(_fake_bin(tmp_path, installed=installed, uid=0, redis_up=False))
+    assert done.returncode == 0, done.stderr
+    assert "redis-server --daemonize yes" in (tmp_path / "apt.log").read_text()
 
 
 def test_make_test_runs_system_deps_and_the_docs_build_and_ci_just_calls_it():
