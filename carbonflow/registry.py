@@ -41,14 +41,41 @@ def registry_dir(dags_folder: str | Path | None = None) -> Path:
     return Path(dags_folder) / "jobs"
 
 
+def _refuse_duplicate_keys(pairs: list[tuple[object, object]]) -> dict:
+    """A mapping from its key/value pairs, refusing a key given twice (YAML and JSON would keep the last one
+    silently, so a job file's second ``epochs:`` would win unseen)."""
+    mapping: dict = {}
+    for key, value in pairs:
+        if key in mapping:
+            raise ValueError(f"key {key!r} is given twice; give each field once")
+        mapping[key] = value
+    return mapping
+
+
+def _yaml_loader() -> type:
+    import yaml
+
+    class StrictSafeLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            self.flatten_mapping(node)
+            pairs = [(self.construct_object(k, deep=deep), self.construct_object(v, deep=deep)) for k, v in node.value]
+            try:
+                return _refuse_duplicate_keys(pairs)
+            except ValueError as err:
+                raise yaml.constructor.ConstructorError(None, None, str(err), node.start_mark) from None
+
+    StrictSafeLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, StrictSafeLoader.construct_mapping)
+    return StrictSafeLoader
+
+
 def _read(path: Path) -> object:
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
     import yaml
 
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_yaml_loader())
     except yaml.YAMLError as err:
         raise ValueError(" ".join(str(err).split())) from None
 

@@ -41,6 +41,17 @@ def test_every_problem_is_reported_with_file_field_and_value(tmp_path):
     assert "b.yaml: regoin: unknown field; did you mean 'region'?" in text  # unknown keys are refused, not ignored
 
 
+@pytest.mark.parametrize(("name", "text"), [
+    ("twice.yaml", YAML_JOB + "epochs: 3\n"),
+    ("twice.json", '{"name": "digits", "workload": "digits_cnn", "epochs": 2, "epochs": 9}'),
+])  # fmt: skip
+def test_a_field_given_twice_in_one_file_is_refused_not_last_one_wins(tmp_path, name, text):
+    """User trial: a second ``epochs:`` in a job file silently replaced the first."""
+    (tmp_path / name).write_text(text)
+    with pytest.raises(RegistryError, match=rf"{name}: .*key 'epochs' is given twice; give each field once"):
+        load_registry(tmp_path)
+
+
 def test_two_files_naming_one_job_are_refused(tmp_path):
     (tmp_path / "one.yaml").write_text(YAML_JOB)
     (tmp_path / "two.yaml").write_text(YAML_JOB)

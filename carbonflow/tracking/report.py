@@ -126,6 +126,23 @@ def existing_store(tracking_uri: str | None) -> str:
     return resolve_tracking_uri(uri)
 
 
+KNOWN_JOBS_SHOWN = 12
+"""At most this many job names are listed when the asked-for job has no runs."""
+
+
+def _jobs_in_store(uri: str) -> str:
+    """``jobs in this store: a, b, …`` (the jobs with an experiment), so a typo in the job's name is seen at once."""
+    from carbonflow.tracking.schema import EXPERIMENT_PREFIX
+    from carbonflow.tracking.store import client_for
+
+    experiments = client_for(uri).search_experiments(filter_string=f"name LIKE '{EXPERIMENT_PREFIX}%'")
+    jobs = sorted(e.name[len(EXPERIMENT_PREFIX) :] for e in experiments)
+    if not jobs:
+        return "this store holds no carbonflow job yet"
+    more = f", and {len(jobs) - KNOWN_JOBS_SHOWN} more" if len(jobs) > KNOWN_JOBS_SHOWN else ""
+    return "jobs in this store: " + ", ".join(jobs[:KNOWN_JOBS_SHOWN]) + more
+
+
 def build_report(
     job: str,
     *,
@@ -146,7 +163,7 @@ def build_report(
     waiting = sum(1 for e in pending(root=spool_dir, tracking_uri=uri) if e.record.job == job)
     if not history:
         extra = f" ({waiting} waiting in the local spool)" if waiting else ""
-        raise LookupError(f"no training runs of job {job!r} in {uri}{extra}")
+        raise LookupError(f"no training runs of job {job!r} in {uri}{extra}; {_jobs_in_store(uri)}")
     if last_n is not None:
         history = history[-last_n:]
     rows = [_row(r) for r in history]

@@ -81,9 +81,11 @@ def test_report_matches_run_metrics(server: MlflowServer, home: Path, job_name: 
     assert [row.run_id for row in last.rows] == run_ids[1:]
 
 
-def test_report_errors_are_clear(server: MlflowServer, home: Path, tmp_path: Path) -> None:
-    with pytest.raises(LookupError, match="no training runs of job 'nobody'"):
+def test_report_errors_are_clear(server: MlflowServer, home: Path, job_name: str, tmp_path: Path) -> None:
+    log_training_run(f.job_spec(job_name), f.plan(job_name), f.result(job_name), tracking_uri=server.uri)
+    with pytest.raises(LookupError, match="no training runs of job 'nobody'") as info:
         build_report("nobody", tracking_uri=server.uri, png_path=tmp_path / "r.png")
+    assert "jobs in this store: " in str(info.value) and job_name in str(info.value)  # a typo is seen at once
     with pytest.raises(ValueError, match="last_n=0"):
         build_report("nobody", tracking_uri=server.uri, png_path=tmp_path / "r.png", last_n=0)
     with pytest.raises(TrackingUnavailableError, match="cannot read tracking store"):
