@@ -27,13 +27,19 @@ EXIT_INVALID_JOB = 2
 
 def job_file_problems(path: Path) -> tuple[JobSpec | None, list[str]]:
     """The job in ``path`` (read as the registry reads it), or every problem of its fields, one per message
-    (worded by :func:`carbonflow.models.field_problems`, as the registry and the DAG's validate task word them)."""
-    from carbonflow.registry import RegistryError, load_job_file
+    (worded by :func:`carbonflow.models.field_problems`, as the registry and the DAG's validate task word them),
+    with the request checks the fields the schema accepted can already have (region, finish-by)."""
+    from carbonflow.registry import RegistryError, load_job_file, read_job_data
+    from carbonflow.validation import problems_beside_the_schema
 
     try:
         return load_job_file(path), []
     except RegistryError as err:
-        return None, err.problems
+        try:
+            beside = problems_beside_the_schema(read_job_data(path))
+        except (OSError, ValueError):
+            beside = []  # not readable: err already says so
+        return None, err.problems + beside
 
 
 def local_problems(spec: JobSpec, *, live: bool) -> list[str]:

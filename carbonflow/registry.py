@@ -68,7 +68,8 @@ def _yaml_loader() -> type:
     return StrictSafeLoader
 
 
-def _read(path: Path) -> object:
+def read_job_data(path: Path) -> object:
+    """A job file's raw content (YAML or JSON), a key given twice refused (ValueError)."""
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
         return json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
@@ -87,7 +88,7 @@ def _field_problems(path: Path, err: ValidationError) -> list[str]:
 def load_job_file(path: Path) -> JobSpec:
     """One registry file as a JobSpec (RegistryError naming the file and fields)."""
     try:
-        data = _read(path)
+        data = read_job_data(path)
     except (OSError, ValueError) as exc:
         raise RegistryError(f"{path.name}: not readable as {path.suffix[1:].upper()}: {exc}") from None
     if not isinstance(data, dict):

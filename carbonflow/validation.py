@@ -9,10 +9,11 @@ this module does not import Airflow.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
-from carbonflow.models import JobSpec, parse_job, utcnow
+from carbonflow.models import JobSpec, UtcDatetime, parse_job, utcnow
 
 
 class RequestError(ValueError):
@@ -24,35 +25,64 @@ def validate_job(job: JobSpec | dict[str, Any] | str, *, now: datetime | None = 
     try:
         spec = parse_job(job)
     except ValueError as err:
-        raise RequestError(str(err)) from None
+        raise RequestError("; ".join([str(err), *problems_beside_the_schema(_raw(job), now=now)])) from None
     problems = job_problems(spec, now=now)
     if problems:
         raise RequestError("; ".join(problems))
     return spec
 
 
+def _raw(job: dict[str, Any] | str) -> object:
+    try:
+        return json.loads(job) if isinstance(job, str) else job
+    except ValueError:
+        return None  # not JSON: the schema's message says so
+
+
 def job_problems(spec: JobSpec, *, now: datetime | None = None) -> list[str]:
     """What is wrong with a schema-valid job as a request, one message per problem (``[]``: nothing)."""
-    now = now or utcnow()
+    problems = [_finish_by_problem(spec.finish_by, now), _region_problem(spec.region)]
+    problems += [check(spec) for check in (_power_limit_problem, _pair_type_problem)]
+    return [problem for problem in problems if problem]
+
+
+def problems_beside_the_schema(data: object, *, now: datetime | None = None) -> list[str]:
+    """For a job the schema refuses: the request checks that need one field only (region, finish-by), run on
+    the fields the schema did not refuse, so a job with a typo in one key still hears of its unknown region at
+    once (``[]`` when the schema accepts the job: :func:`job_problems` then checks it whole)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    if not isinstance(data, dict):
+        return []
+    try:
+        JobSpec.model_validate(data)
+        return []
+    except ValidationError as err:
+        refused = {str(e["loc"][0]) for e in err.errors() if e["loc"]}
     problems = []
-    if spec.finish_by is not None and spec.finish_by <= now:
-        problems.append(f"finish_by={_iso(spec.finish_by)} is in the past; give a UTC time after {_iso(now)}")
-    for check in (_region_problem, _power_limit_problem, _pair_type_problem):
-        problem = check(spec)
-        if problem:
-            problems.append(problem)
-    return problems
+    if isinstance(data.get("region"), str) and "region" not in refused:
+        problems.append(_region_problem(data["region"]))
+    if data.get("finish_by") is not None and "finish_by" not in refused:
+        problems.append(_finish_by_problem(TypeAdapter(UtcDatetime).validate_python(data["finish_by"]), now))
+    return [problem for problem in problems if problem]
+
+
+def _finish_by_problem(finish_by: datetime | None, now: datetime | None) -> str | None:
+    now = now or utcnow()
+    if finish_by is not None and finish_by <= now:
+        return f"finish_by={_iso(finish_by)} is in the past; give a UTC time after {_iso(now)}"
+    return None
 
 
 def _iso(moment: datetime) -> str:
     return moment.replace(microsecond=0).isoformat()
 
 
-def _region_problem(spec: JobSpec) -> str | None:
+def _region_problem(region: str) -> str | None:
     from carbonflow.carbon.regions import resolve_region
 
     try:
-        resolve_region(spec.region)
+        resolve_region(region)
     except ValueError as err:
         return str(err)
     return None

@@ -168,3 +168,24 @@ def test_plan_says_when_the_profile_is_of_another_code_version(tmp_path: Path) -
     (tmp_path / "job.yaml").write_text(JOB)
     same = CliRunner().invoke(app, ["plan", str(tmp_path / "job.yaml"), "--profile", str(_profile_file(tmp_path))])
     assert "code version" not in same.output
+
+
+def test_a_schema_problem_does_not_hide_the_unknown_region_or_past_finish_by(tmp_path: Path) -> None:
+    """User trial: `plan` (and the DAG's validate task) reported a typo'd key alone, and the unknown region only
+    on the next try; the request checks that need one field now run beside the schema's."""
+    from carbonflow.operators.params import RequestError, validate_job
+
+    bad = (
+        JOB.replace("region: GB", "region: GBB").replace("epochs: 2", "epochz: 2") + "finish_by: '2020-01-01T00:00Z'\n"
+    )
+    (tmp_path / "bad.yaml").write_text(bad)
+    done = CliRunner().invoke(app, ["plan", str(tmp_path / "bad.yaml")])
+    assert done.exit_code == 2, done.output
+    flat = " ".join(done.output.split())
+    for problem in ("epochz: unknown field", "region='GBB' is not a known region", "finish_by=2020-01-01T00:00:00"):
+        assert problem in flat, done.output
+    with pytest.raises(RequestError) as dag_says:
+        validate_job({"name": "x", "workload": "digits_cnn", "epochz": 2, "region": "GBB"})
+    assert "epochz" in str(dag_says.value) and "region='GBB'" in str(dag_says.value)
+    with pytest.raises(RequestError, match="invalid job"):
+        validate_job("{not json")  # not JSON: the schema's message, no traceback from the extra checks
