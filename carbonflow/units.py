@@ -3,7 +3,8 @@
 Every figure inside carbonflow is SI with the unit in its name (``_j``, ``_w``, ``_s``, ``_g``,
 ``_gco2_per_kwh``). Human output (CLI tables, the demo table, the Carbon page, plan reasons) writes
 energy in one unit family, joules (J, kJ, MJ, GJ), chosen per value so the digits stay readable, and
-emissions in grams CO2e (g, kg, t). kWh appears only where a grid intensity is per kWh and in the
+emissions in grams CO2e (mg, g, kg, t; a short CPU run's 5.19e-05 g reads 0.0519 mg).
+kWh appears only where a grid intensity is per kWh and in the
 ``energy_total_kwh`` MLflow metric kept for MLflow users who compare in kWh.
 """
 
@@ -13,11 +14,14 @@ J_PER_KWH = 3.6e6
 """Joules in one kilowatt-hour."""
 
 _ENERGY_PREFIXES = ((1e9, "GJ"), (1e6, "MJ"), (1e3, "kJ"), (1.0, "J"))
-_MASS_PREFIXES = ((1e6, "t"), (1e3, "kg"), (1.0, "g"))
+_MASS_PREFIXES = ((1e6, "t"), (1e3, "kg"), (1.0, "g"), (1e-3, "mg"))
 
 
 def _unit_for(magnitude: float, prefixes: tuple[tuple[float, str], ...]) -> tuple[str, float]:
-    """The largest prefix ``magnitude`` reaches (the base unit below it), as (unit, base units per unit)."""
+    """The largest prefix ``magnitude`` reaches (the smallest below it; the base unit for zero), as (unit, base
+    units per unit)."""
+    if magnitude == 0:
+        return next((u, f) for f, u in prefixes if f == 1.0)
     factor, unit = next(((f, u) for f, u in prefixes if magnitude >= f), prefixes[-1])
     return unit, factor
 
@@ -33,7 +37,7 @@ def format_energy_j(energy_j: float | None, digits: int = 3) -> str:
 
 
 def format_emissions_g(emissions_g: float | None, digits: int = 3) -> str:
-    """``0.0123`` → ``'0.0123 g'``, ``2500`` → ``'2.5 kg'`` (CO2e); None → ``'–'``."""
+    """``0.0123`` → ``'12.3 mg'``, ``2500`` → ``'2.5 kg'`` (CO2e); None → ``'–'``."""
     return "–" if emissions_g is None else _scaled(float(emissions_g), _MASS_PREFIXES, digits)
 
 

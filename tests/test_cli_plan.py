@@ -148,7 +148,7 @@ def test_plan_output_has_units_in_headers_and_fits_100_columns_when_piped(tmp_pa
     (tmp_path / "job.yaml").write_text(JOB)
     done = CliRunner().invoke(app, ["plan", str(tmp_path / "job.yaml"), "--profile", str(_profile_file(tmp_path))])
     assert done.exit_code == 0, done.output
-    assert re.search(r"energy \((J|kJ|MJ)\)", done.output) and re.search(r"CO2e \((g|kg|t)\)", done.output)
+    assert re.search(r"energy \((J|kJ|MJ)\)", done.output) and re.search(r"CO2e \((mg|g|kg|t)\)", done.output)
     assert "time (s)" in done.output
     rows = [line for line in _lines(done.output) if line.startswith("│ chosen")]
     assert rows and not re.search(r"\d (J|kJ|MJ|g) ", rows[0]), rows  # numbers in cells, units in the header
