@@ -225,14 +225,14 @@ def test_report_table_fits_100_columns_piped_without_breaking_words_and_shows_ze
     text = console.export_text()
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 100
-    for word in ("estimated", "measured,", "acc.", "2023-03-14", "107.2", "0.00545", "44.5", "c2-pldefault"):
+    for word in ("estimated", "measured,", "acc.", "2023-03-14", "107.2", "5.45", "44.5", "c2-pldefault"):
         assert word in text, (word, text)  # whole: no mid-word folds
     assert "…" not in text
     assert "e-19" not in text and "-0.0" not in text
     zero_row = next(line for line in lines if "2023-03-15" in line)
     assert re.search(r"│\s+0\s+│\s+0\.0\s+│", zero_row), zero_row
-    assert "(J)" in text and "(g)" in text and "(%)" in text  # units in the headers, numbers in the cells
-    assert not re.search(r"\d (J|kJ|g) *│", text)
+    assert "(J)" in text and "(mg)" in text and "(%)" in text  # units in the headers, numbers in the cells
+    assert not re.search(r"\d (J|kJ|mg|g) *│", text)
 
 
 def test_report_png_axes_are_labelled_in_the_one_unit_family(tmp_path: Path, monkeypatch) -> None:
