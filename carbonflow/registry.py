@@ -41,28 +41,36 @@ def registry_dir(dags_folder: str | Path | None = None) -> Path:
     return Path(dags_folder) / "jobs"
 
 
+def _given_twice(key: object, where: str = "") -> ValueError:
+    """A key given twice in one file is refused: YAML and JSON would keep the last one silently, so a job
+    file's second ``epochs:`` would win unseen."""
+    return ValueError(f"{where}key {key!r} is given twice; give each field once")
+
+
 def _refuse_duplicate_keys(pairs: list[tuple[object, object]]) -> dict:
-    """A mapping from its key/value pairs, refusing a key given twice (YAML and JSON would keep the last one
-    silently, so a job file's second ``epochs:`` would win unseen)."""
+    """A JSON object from its key/value pairs (``json.loads``' ``object_pairs_hook``), a repeated key refused."""
     mapping: dict = {}
     for key, value in pairs:
         if key in mapping:
-            raise ValueError(f"key {key!r} is given twice; give each field once")
+            raise _given_twice(key)
         mapping[key] = value
     return mapping
 
 
 def _yaml_loader() -> type:
+    """PyYAML's SafeLoader, refusing a repeated mapping key with the line it is on."""
     import yaml
 
     class StrictSafeLoader(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
             self.flatten_mapping(node)
-            pairs = [(self.construct_object(k, deep=deep), self.construct_object(v, deep=deep)) for k, v in node.value]
-            try:
-                return _refuse_duplicate_keys(pairs)
-            except ValueError as err:
-                raise yaml.constructor.ConstructorError(None, None, str(err), node.start_mark) from None
+            mapping: dict = {}
+            for key_node, value_node in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in mapping:
+                    raise _given_twice(key, f"line {key_node.start_mark.line + 1}: ")
+                mapping[key] = self.construct_object(value_node, deep=deep)
+            return mapping
 
     StrictSafeLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, StrictSafeLoader.construct_mapping)
     return StrictSafeLoader

@@ -48,8 +48,9 @@ def test_every_problem_is_reported_with_file_field_and_value(tmp_path):
 def test_a_field_given_twice_in_one_file_is_refused_not_last_one_wins(tmp_path, name, text):
     """User trial: a second ``epochs:`` in a job file silently replaced the first."""
     (tmp_path / name).write_text(text)
-    with pytest.raises(RegistryError, match=rf"{name}: .*key 'epochs' is given twice; give each field once"):
+    with pytest.raises(RegistryError, match=rf"{name}: .*key 'epochs' is given twice; give each field once") as info:
         load_registry(tmp_path)
+    assert name.endswith(".json") or "line 7: key 'epochs'" in str(info.value)  # YAML: the line of the repeat
 
 
 def test_two_files_naming_one_job_are_refused(tmp_path):
