@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from carbonflow.models import Config, Forecast, ForecastPoint, JobSpec, Profile, ProfilePoint
+from carbonflow.planning import RealisedRun
 
 NOW = datetime(2024, 3, 1, 18, 0, tzinfo=UTC)
 
@@ -76,3 +77,21 @@ def make_spec(name: str = "job-a", hours: float = 12.0, **kw: object) -> JobSpec
     }
     args.update(kw)
     return JobSpec(**args)
+
+
+def make_target_run(job: str, day: float, bs: int, epochs: float, energy_j: float = 1e6, **kw: object) -> RealisedRun:
+    """A realised run of a target-trained job ``day`` days before NOW: ``epochs`` to its target at batch size
+    ``bs``, energy as predicted, duration not recorded (the fixed-cost fit skips it)."""
+    return RealisedRun(
+        job=job,
+        config_key=kw.pop("config_key", f"c1-pl250-b{bs}"),
+        finished_at=NOW - timedelta(days=day),
+        predicted_duration_s=0.0,
+        realised_duration_s=0.0,
+        predicted_energy_j=energy_j,
+        realised_energy_j=energy_j,
+        batch_size=bs,
+        epochs=epochs,
+        reached_target=True,
+        **kw,
+    )

@@ -49,15 +49,20 @@ def test_biased_error_keeps_each_providers_bias_per_lead_time():
     assert bias[2] == pytest.approx(0.1321)  # NESO's forecasts 12-24 h ahead ran 13 % high
 
 
-@pytest.mark.skipif(not (DATA / "zeus/summary_train.csv").exists(), reason="shared Zeus data not present")
-def test_nightly_ceiling_on_a_flat_night_is_the_least_energy_within_the_bound():
-    nc = _load("nightly_carbon")
+def _flat_night(nc):
+    """A night at a flat 200 gCO2/kWh for 24 h from 18:00, with nightly_carbon's job types."""
     now = datetime(2024, 3, 1, 18, tzinfo=UTC)
     flat = Forecast(region="GB", provider="actual", signal_kind="average-lifecycle", issued_at=now,
                     points=[ForecastPoint(start=now + timedelta(hours=h), length_s=3600, gco2_per_kwh=200.0)
                             for h in range(24)])  # fmt: skip
     types = nc.job_types()
-    night = nc.Night(0, 7, now, flat, {t.name: t for t in types})
+    return flat, types, nc.Night(0, 7, now, flat, {t.name: t for t in types})
+
+
+@pytest.mark.skipif(not (DATA / "zeus/summary_train.csv").exists(), reason="shared Zeus data not present")
+def test_nightly_ceiling_on_a_flat_night_is_the_least_energy_within_the_bound():
+    nc = _load("nightly_carbon")
+    flat, types, night = _flat_night(nc)
     jt = types[0]
     energy, _, start_s, grams = nc.ceiling_choice(night, jt, flat)
     # by hand: every (batch size, limit) tonight, within 10 % of b0 at the default limit
@@ -92,12 +97,7 @@ def test_vs_zeus_charges_profiling_by_zeus_rule_unless_told_otherwise():
 @pytest.mark.skipif(not (DATA / "zeus/summary_train.csv").exists(), reason="shared Zeus data not present")
 def test_nightly_bound_on_a_flat_night_chooses_on_expected_epochs_and_pays_tonights():
     nc = _load("nightly_carbon")
-    now = datetime(2024, 3, 1, 18, tzinfo=UTC)
-    flat = Forecast(region="GB", provider="actual", signal_kind="average-lifecycle", issued_at=now,
-                    points=[ForecastPoint(start=now + timedelta(hours=h), length_s=3600, gco2_per_kwh=200.0)
-                            for h in range(24)])  # fmt: skip
-    types = nc.job_types()
-    night = nc.Night(0, 7, now, flat, {t.name: t for t in types})
+    flat, types, night = _flat_night(nc)
     jt = next(t for t in types if t.name.startswith("squad"))
     energy, grams, duration, start_s, missed, target_missed = nc.bound_choice(night, jt, flat)
     # by hand: the (batch size, limit) of least *expected* energy within 10 % of b0's expected time at 250 W

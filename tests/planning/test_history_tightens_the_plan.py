@@ -9,10 +9,11 @@ from datetime import timedelta
 import numpy as np
 import pytest
 from planning_factories import NOW, make_forecast, make_profile, make_spec
+from planning_factories import make_target_run as _run
 
 from carbonflow.carbon.windows import held_window_means, search_starts
 from carbonflow.models import ForecastPoint
-from carbonflow.planning import JobHistory, RealisedRun
+from carbonflow.planning import JobHistory
 from carbonflow.planning.batch_size import (
     DEADLINE_EPOCH_MARGIN,
     DEADLINE_MARGIN_FLOOR,
@@ -21,22 +22,6 @@ from carbonflow.planning.batch_size import (
     deadline_margin,
     expected_epochs,
 )
-
-
-def _run(job: str, day: float, bs: int, epochs: float, energy_j: float = 1e6, **kw) -> RealisedRun:
-    return RealisedRun(
-        job=job,
-        config_key=kw.pop("config_key", f"c1-pl250-b{bs}"),
-        finished_at=NOW - timedelta(days=day),
-        predicted_duration_s=0.0,  # not recorded: the fixed-cost fit skips it
-        realised_duration_s=0.0,
-        predicted_energy_j=energy_j,
-        realised_energy_j=energy_j,
-        batch_size=bs,
-        epochs=epochs,
-        reached_target=True,
-        **kw,
-    )
 
 
 def test_the_deadline_margin_tightens_by_hand_as_runs_accumulate():

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from planning_factories import NOW, make_forecast, make_profile, make_spec
+from planning_factories import make_target_run as _target_run
 
 from carbonflow.carbon.windows import held_window_means
 from carbonflow.models import Config, JobSpec
@@ -292,21 +293,6 @@ def test_pareto_alternatives_are_non_dominated_and_include_the_choice():
                 )
     assert front[0].predicted_emissions_g == min(t[2] for t in triples)
     assert len(front) >= 2  # faster two-container runs trade carbon for time
-
-
-def _target_run(spec_name: str, day: int, bs: int, epochs: float, energy_j: float = 1e6) -> RealisedRun:
-    return RealisedRun(
-        job=spec_name,
-        config_key=f"c1-pl250-b{bs}",
-        finished_at=NOW - timedelta(days=day),
-        predicted_duration_s=0.0,  # not recorded: the fit skips it
-        realised_duration_s=0.0,
-        predicted_energy_j=energy_j,
-        realised_energy_j=energy_j,
-        batch_size=bs,
-        epochs=epochs,
-        reached_target=True,
-    )
 
 
 def test_target_trained_job_plans_its_deadline_for_its_most_epochs_not_the_mean():
