@@ -270,11 +270,9 @@ class RunSession:
         """Start runs that survive this process (Kubernetes pods) and return their handles: one per job, a pair
         as two pods on one time-sliced GPU. None when the backend cannot (then :meth:`launch` runs the group
         here), or when an earlier try already trained the group."""
-        if self.already_logged(state) is not None:
-            return None
         self._backend = self._make_backend(state.label)
-        if not self._backend.supports_deferral:
-            return None
+        if not self._backend.supports_deferral or self.already_logged(state) is not None:
+            return None  # launch() asks MLflow once, not twice, on a backend that cannot defer
         from carbonflow.execution.backend import RunOptions
 
         handles = []
@@ -296,7 +294,8 @@ class RunSession:
         """Collect runs started by :meth:`start_deferred` (on any worker), account and log each."""
         from carbonflow.execution.backend import RunHandle
 
-        self._backend = self._make_backend(state.label)
+        if self._backend is None:  # resumed on another worker; _launch_pods has one already
+            self._backend = self._make_backend(state.label)
         outcomes, failure = [], None
         for member, plan, handle in zip(state.members, _pod_plans(state), handles, strict=True):
             try:
@@ -335,8 +334,6 @@ class RunSession:
         from carbonflow.execution.shared import SEPARATED_EXIT_CODE, SharedRequest
         from carbonflow.profiling.profiler import pair_member
 
-        if not self._backend.supports_shared:
-            raise ValueError(f"backend={self.backend_name!r} cannot co-locate jobs on one GPU; use backend 'local'")
         members = [pair_member(m.job, m.plan, _profile(m), m.min_kept_speed) for m in state.members]
         limits = [m.plan.config.power_limit_w for m in state.members if m.plan.config.power_limit_w is not None]
         self.log.info("launching %s on one GPU", state.label)
