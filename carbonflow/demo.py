@@ -48,10 +48,15 @@ def demo_env(home: Path, dags_folder: Path) -> dict[str, str]:
     return env
 
 
+def airflow_executable() -> str:
+    """The Airflow CLI of this interpreter's environment, else ``airflow`` on PATH."""
+    airflow = Path(sys.executable).with_name("airflow")
+    return str(airflow) if airflow.exists() else "airflow"
+
+
 def airflow_cli(args: list[str], env: dict[str, str], log_path: Path) -> int:
     """Run the Airflow CLI with ``args`` in ``env``, appending its output to ``log_path``; returns its exit code."""
-    airflow = Path(sys.executable).with_name("airflow")
-    command = [str(airflow) if airflow.exists() else "airflow", *args]
+    command = [airflow_executable(), *args]
     with log_path.open("ab") as log_file:
         log_file.write(f"\n$ {' '.join(command)}\n".encode())
         log_file.flush()
@@ -119,7 +124,11 @@ def run_demo(home: Path, console: Console | None = None) -> int:
 
 def training_run_ids(uri: str, jobs: list[str]) -> set[str]:
     """Ids of the training runs of ``jobs`` already in the store (none when a local store does not exist yet)."""
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+    from carbonflow.tracking.report import existing_store
+
+    try:
+        existing_store(uri)
+    except LookupError:
         return set()
     try:
         return {row["run_id"] for row in _training_runs(uri, jobs)}

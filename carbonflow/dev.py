@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from carbonflow.demo import airflow_cli, demo_env, prepare_airflow
+from carbonflow.demo import airflow_cli, airflow_executable, demo_env, prepare_airflow
 from carbonflow.terminal import print_path, print_wrapped, short_time, shorten
 
 
@@ -33,8 +33,9 @@ class DevLoopError(RuntimeError):
 
 def _airflow_json(args: list[str], env: dict[str, str]) -> Any:
     """An Airflow CLI command's ``-o json`` answer (its last output line; log lines come before it)."""
-    airflow = Path(sys.executable).with_name("airflow")
-    done = subprocess.run([str(airflow), *args, "-o", "json"], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [airflow_executable(), *args, "-o", "json"], env=env, capture_output=True, text=True, timeout=600
+    )
     if done.returncode != 0:
         raise DevLoopError(f"airflow {' '.join(args)} failed: {done.stderr.strip()[-1500:]}")
     lines = [line for line in done.stdout.splitlines() if line.strip()]

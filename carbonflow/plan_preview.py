@@ -52,7 +52,9 @@ def local_problems(spec: JobSpec, *, live: bool) -> list[str]:
             check_working_dir(spec)
         except ValueError as err:
             problems.append(str(err).replace("on this worker", "here"))
-    if not live and _known_region(spec.region):  # an unknown region: job_problems names it
+    from carbonflow.validation import region_problem
+
+    if not live and region_problem(spec.region) is None:  # an unknown region: job_problems names it
         from carbonflow.carbon.base import ProviderError
         from carbonflow.session import CarbonSource
 
@@ -61,16 +63,6 @@ def local_problems(spec: JobSpec, *, live: bool) -> list[str]:
         except ProviderError as err:
             problems.append(f"{err} (the replay has recorded data for these regions only; use --live for others)")
     return problems
-
-
-def _known_region(region: str) -> bool:
-    from carbonflow.carbon.regions import resolve_region
-
-    try:
-        resolve_region(region)
-    except ValueError:
-        return False
-    return True
 
 
 def run_plan(job_file: Path, profile_file: Path | None, *, live: bool, tracking_uri: str | None,

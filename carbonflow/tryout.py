@@ -19,14 +19,13 @@ from rich.table import Table
 from carbonflow.models import Config, JobSpec, Plan
 
 
-def try_job(command: list[str], steps: int, batch_size: int | None, containers: int) -> JobSpec:
+def try_job(command: list[str], steps: int, batch_size: int, containers: int) -> JobSpec:
     """The throwaway job ``try`` runs: the command in the current directory, ``steps`` of work."""
-    extra = {} if batch_size is None else {"batch_size": batch_size}
     return JobSpec(name="try", command=command, working_dir=os.getcwd(), steps=steps, max_containers=containers,
-                   min_containers=containers, region="GB", **extra)  # fmt: skip
+                   min_containers=containers, region="GB", batch_size=batch_size)  # fmt: skip
 
 
-def run_try(command: list[str], workdir: Path, *, steps: int, batch_size: int | None, power_limit_w: float | None,
+def run_try(command: list[str], workdir: Path, *, steps: int, batch_size: int, power_limit_w: float | None,
             containers: int, console: Console | None = None) -> int:  # fmt: skip
     """Run ``command`` once under the wrapper; print the measurement; returns the command's exit code."""
     from carbonflow.execution.backend import run_to_completion

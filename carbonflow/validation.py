@@ -41,7 +41,7 @@ def _raw(job: dict[str, Any] | str) -> object:
 
 def job_problems(spec: JobSpec, *, now: datetime | None = None) -> list[str]:
     """What is wrong with a schema-valid job as a request, one message per problem (``[]``: nothing)."""
-    problems = [_finish_by_problem(spec.finish_by, now), _region_problem(spec.region)]
+    problems = [_finish_by_problem(spec.finish_by, now), region_problem(spec.region)]
     problems += [check(spec) for check in (_power_limit_problem, _pair_type_problem)]
     return [problem for problem in problems if problem]
 
@@ -61,7 +61,7 @@ def problems_beside_the_schema(data: object, *, now: datetime | None = None) -> 
         refused = {str(e["loc"][0]) for e in err.errors() if e["loc"]}
     problems = []
     if isinstance(data.get("region"), str) and "region" not in refused:
-        problems.append(_region_problem(data["region"]))
+        problems.append(region_problem(data["region"]))
     if data.get("finish_by") is not None and "finish_by" not in refused:
         problems.append(_finish_by_problem(TypeAdapter(UtcDatetime).validate_python(data["finish_by"]), now))
     return [problem for problem in problems if problem]
@@ -78,7 +78,8 @@ def _iso(moment: datetime) -> str:
     return moment.replace(microsecond=0).isoformat()
 
 
-def _region_problem(region: str) -> str | None:
+def region_problem(region: str) -> str | None:
+    """What is wrong with ``region`` (None: the carbon providers know it)."""
     from carbonflow.carbon.regions import resolve_region
 
     try:

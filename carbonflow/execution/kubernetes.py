@@ -36,6 +36,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from carbonflow.contract import GPU_INDEX_MAP_ENV, POWER_JOURNAL_DIR_ENV, ZEUSD_SOCK_ENV
 from carbonflow.execution.errors import RunFailed
 from carbonflow.execution.k8s_manifests import (
     COMPLETION_INDEX_ANNOTATION,
@@ -346,8 +347,8 @@ class KubernetesBackend:
     def _by_hand(self, pod_name: str, node: str) -> str:
         s = self.settings
         return (
-            f"put the limits back on {node} with: CARBONFLOW_POWER_JOURNAL_DIR={s.pod_journal_host_dir(pod_name)} "
-            f"ZEUSD_SOCK_PATH={s.zeusd_socket_path} CARBONFLOW_GPU_INDEX_MAP={s.gpu_index_map_path} "
+            f"put the limits back on {node} with: {POWER_JOURNAL_DIR_ENV}={s.pod_journal_host_dir(pod_name)} "
+            f"{ZEUSD_SOCK_ENV}={s.zeusd_socket_path} {GPU_INDEX_MAP_ENV}={s.gpu_index_map_path} "
             "python -m carbonflow.energy.power_limit restore"
         )
 
@@ -488,7 +489,7 @@ class KubernetesBackend:
     def collect(self, handle: Any) -> WrappedRun:
         """The finished run's measurements (every rank merged); deletes its objects, restoring limits on failure."""
         d = handle.details
-        run = _RunRef(name=d["name"], namespace=d["namespace"], kind=d["kind"], job_name=d["job"])
+        run = _RunRef.of(handle)
         created = [tuple(x) for x in json.loads(d["created"])]
         try:
             if d["pod"]:
@@ -512,10 +513,10 @@ class KubernetesBackend:
         """Stop the run: delete its pods (the wrapper restores limits in its grace period), wait until they are
         gone, then replay whatever journals a wrapper left. Raises :class:`KubernetesRunError` naming what is
         still there, or what could not be restored, after doing all it can."""
-        d = handle.details
-        run = _RunRef(name=d["name"], namespace=d["namespace"], kind=d["kind"], job_name=d["job"])
+        run = _RunRef.of(handle)
         self._note_nodes_now(run)  # type: ignore[arg-type]
-        problems = self._stop_and_restore(run, [tuple(x) for x in json.loads(d["created"])], _power_spec(handle))
+        created = [tuple(x) for x in json.loads(handle.details["created"])]
+        problems = self._stop_and_restore(run, created, _power_spec(handle))
         if problems:
             raise KubernetesRunError(f"cancelling {run.kind} {run.namespace}/{run.name}: " + "; ".join(problems))
 
@@ -742,6 +743,11 @@ class _RunRef:
     namespace: str
     kind: str
     job_name: str = ""
+
+    @classmethod
+    def of(cls, handle: Any) -> _RunRef:
+        d = handle.details
+        return cls(name=d["name"], namespace=d["namespace"], kind=d["kind"], job_name=d["job"])
 
 
 def _job_name(run: Any) -> str:

@@ -87,7 +87,7 @@ class EnergyProfileOperator(BaseOperator):
         except Exception as err:  # tracking down: reuse the profile rather than fail the DAG
             self.log.warning("could not read %s's runs from MLflow (%s)", spec.name, err)
             return None
-        ratios = [r.energy_total_j / r.predicted_energy_j for r in rows if r.predicted_energy_j > 0]
+        ratios = [r.energy_ratio for r in rows if r.energy_ratio is not None]
         return drift_reason(ratios)
 
     def _fresh_profile(self, spec: JobSpec, device_model: str) -> Profile | None:

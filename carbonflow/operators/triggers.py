@@ -131,7 +131,7 @@ class KubernetesRunTrigger(BaseTrigger):
             for i in list(pending):
                 details = self.handles[i]["details"]
                 try:
-                    ended, message = await self._ended(hook, details, details["namespace"])
+                    ended, message = await self._ended(hook, details)
                 except Exception as err:  # the pod is gone or the API refuses: the task decides (collect raises)
                     ended, message = True, f"{type(err).__name__}: {err}"
                 if ended:
@@ -161,9 +161,10 @@ class KubernetesRunTrigger(BaseTrigger):
                 self.log.exception("cancelling %s did not finish cleanly", handle.get("run_id"))
 
     @staticmethod
-    async def _ended(hook: Any, details: dict[str, str], namespace: str) -> tuple[bool, str]:
+    async def _ended(hook: Any, details: dict[str, str]) -> tuple[bool, str]:
         from carbonflow.execution.kubernetes import FATAL_WAITING_REASONS
 
+        namespace = details["namespace"]
         if details.get("pod"):
             pod = await hook.get_pod(details["pod"], namespace)
             phase = pod.status.phase if pod.status else None

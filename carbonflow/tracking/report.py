@@ -336,8 +336,8 @@ def energy_accuracy(report: ReportData) -> list[ConfigSummary]:
     by_config: dict[str, list[ReportRow]] = {}
     for row in report.rows:
         by_config.setdefault(row.config_key, []).append(row)
-    keys = sorted(by_config, key=lambda k: fmean(r.energy_total_j for r in by_config[k]))
-    energy = {k: fmean(r.energy_total_j for r in by_config[k]) for k in keys}
+    energy = {k: fmean(r.energy_total_j for r in rows) for k, rows in by_config.items()}
+    keys = sorted(energy, key=energy.__getitem__)
     accuracy = {}
     for k in keys:
         known = [r.test_accuracy for r in by_config[k] if r.test_accuracy is not None]
