@@ -415,8 +415,7 @@ def batch_size_explorer(spec: JobSpec, profile: Profile, history: JobHistory | N
     for p in profile.points:
         bs = batch_size_of(p.config, spec)
         if bs in sizes:
-            per_epoch = point_power_w(p) / p.throughput_samples_per_s * spe
-            prior[bs] = min(prior.get(bs, float("inf")), per_epoch)
+            prior[bs] = min(prior.get(bs, float("inf")), _cost_per_epoch_j(p, spe))
     sizes = [b for b in sizes if b in prior]
     if spec.batch_size not in prior:
         return None
@@ -424,7 +423,7 @@ def batch_size_explorer(spec: JobSpec, profile: Profile, history: JobHistory | N
     # with it the explorer only risks a run that what it saved over that default covers.
     at_default = [p for p in profile.points if batch_size_of(p.config, spec) == spec.batch_size]
     top = max(at_default, key=lambda p: p.config.power_limit_w or math.inf)
-    default_cost = point_power_w(top) / top.throughput_samples_per_s * spe
+    default_cost = _cost_per_epoch_j(top, spe)
     explorer = BatchSizeExplorer(sizes, spec.batch_size, prior, default_cost_per_epoch=default_cost)
     for r in history.for_job(spec.name):
         if r.batch_size in prior:
@@ -446,8 +445,13 @@ def _solo_cost_j(r: RealisedRun, profile: Profile, spec: JobSpec, prior: Mapping
             and p.throughput_samples_per_s > 0
             and not p.config.colocation_group
         ):
-            return point_power_w(p) / p.throughput_samples_per_s * spe * r.epochs
+            return _cost_per_epoch_j(p, spe) * r.epochs
     return prior[r.batch_size] * r.epochs  # type: ignore[index]
+
+
+def _cost_per_epoch_j(point: ProfilePoint, samples_per_epoch: int) -> float:
+    """A profiled configuration's energy for one epoch (its power over its throughput, per sample, × samples)."""
+    return point_power_w(point) / point.throughput_samples_per_s * samples_per_epoch
 
 
 def choose_batch_size(spec: JobSpec, profile: Profile, history: JobHistory | None, seed: int = 0) -> int | None:
@@ -465,8 +469,7 @@ def choose_batch_size(spec: JobSpec, profile: Profile, history: JobHistory | Non
 def expected_epochs(history: JobHistory, job: str, batch_size: int | None) -> float | None:
     """Mean epochs ``job`` needed to reach its target at ``batch_size`` over its last ``EPOCHS_HISTORY_RUNS``
     runs that reached it there (None: none did)."""
-    seen = history.epochs_reached(job, batch_size, EPOCHS_HISTORY_RUNS)
-    return float(np.mean(seen)) if seen else None
+    return history.epochs_to_target(job, batch_size, last=EPOCHS_HISTORY_RUNS)
 
 
 def deadline_margin(runs: int) -> float:

@@ -281,9 +281,10 @@ class JobHistory:
         fixed_j, energy_factor = fit_fixed_and_rate([b[1] for b, _ in seen], [real[1] for _, real in seen])
         return RunCostModel(fixed_s, fixed_j, time_factor, energy_factor, len(seen))
 
-    def epochs_to_target(self, job: str, batch_size: int | None) -> float | None:
-        """Mean epochs the job needed to reach its target at this batch size (recent window), or None."""
-        seen = self.epochs_reached(job, batch_size, self.drift_window)
+    def epochs_to_target(self, job: str, batch_size: int | None, last: int | None = None) -> float | None:
+        """Mean epochs the job needed to reach its target at this batch size over its last ``last`` runs that
+        reached it (default: the recent window), or None."""
+        seen = self.epochs_reached(job, batch_size, self.drift_window if last is None else last)
         return float(np.mean(seen)) if seen else None
 
     def epochs_reached(
