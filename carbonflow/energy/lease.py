@@ -43,9 +43,13 @@ def lease_dir() -> Path:
     return Path(env) if env else carbonflow_state_dir() / "gpu-leases"
 
 
+def safe_name(text: str) -> str:
+    """``text`` usable as one path component (GPU UUIDs; Airflow run ids contain ':' and '+')."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
 def _lock_path(directory: Path, gpu_uuid: str) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in gpu_uuid)
-    return directory / f"{safe}.lock"
+    return directory / f"{safe_name(gpu_uuid)}.lock"
 
 
 def _try_lock(path: Path) -> int | None:

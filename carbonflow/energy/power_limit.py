@@ -53,7 +53,14 @@ from carbonflow.energy.errors import (
     PowerLimitNotPermitted,
     PowerLimitRestoreFailed,
 )
-from carbonflow.energy.lease import GpuLeaseSet, acquire_gpus, carbonflow_state_dir, lease_holder_pid, lease_is_held
+from carbonflow.energy.lease import (
+    GpuLeaseSet,
+    acquire_gpus,
+    carbonflow_state_dir,
+    lease_holder_pid,
+    lease_is_held,
+    safe_name,
+)
 
 RESTORE_FAILED = "POWER LIMIT NOT RESTORED"
 """How a run's notes start when a limit could not be put back (the session fails the task on it)."""
@@ -73,8 +80,7 @@ def default_journal_dir() -> Path:
 
 def gpu_journal_path(directory: Path, gpu_uuid: str) -> Path:
     """The one journal of a GPU: ``<directory>/<UUID>.json``."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in gpu_uuid)
-    return directory / f"{safe}.json"
+    return directory / f"{safe_name(gpu_uuid)}.json"
 
 
 @dataclass

@@ -22,11 +22,6 @@ def home() -> Path:
     return path
 
 
-def safe_name(text: str) -> str:
-    """``text`` usable as one path component (Airflow run ids contain ':' and '+')."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
-
-
 def carbon_source(replay: bool | None, conn_ids: dict[str, str] | None) -> CarbonSource:
     """Replayed recorded data, or the live provider chain with keys from Airflow connections."""
     live_credentials = None

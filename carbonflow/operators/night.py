@@ -18,9 +18,10 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, task
 
+from carbonflow.energy.lease import safe_name
 from carbonflow.execution.backend import make_backend
 from carbonflow.models import JobSpec, Profile, parse_job, utcnow
-from carbonflow.operators.common import carbon_source, home, safe_name
+from carbonflow.operators.common import carbon_source, home
 from carbonflow.session.clock import DEFAULT_DEADLINE_TIME_UTC
 from carbonflow.session.run import planning_history
 from carbonflow.session.source import session_clock

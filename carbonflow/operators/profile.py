@@ -7,9 +7,10 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from carbonflow.energy.lease import safe_name
 from carbonflow.execution.backend import make_backend
 from carbonflow.models import JobSpec, Profile, parse_job, utcnow
-from carbonflow.operators.common import home, safe_name
+from carbonflow.operators.common import home
 
 
 class EnergyProfileOperator(BaseOperator):

@@ -16,8 +16,9 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from carbonflow.energy.lease import safe_name
 from carbonflow.models import JobSpec, Profile, parse_job
-from carbonflow.operators.common import WarningCallback, carbon_source, home, safe_name, tell
+from carbonflow.operators.common import WarningCallback, carbon_source, home, tell
 from carbonflow.operators.triggers import CarbonWindowTrigger, KubernetesRunTrigger
 from carbonflow.session import CarbonSource, RunSession, SessionClock, WaitState
 from carbonflow.session.clock import DEFAULT_DEADLINE_TIME_UTC, next_deadline

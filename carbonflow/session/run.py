@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from carbonflow.energy.lease import safe_name
 from carbonflow.models import Config, Forecast, JobSpec, Plan, Profile, RunResult
 from carbonflow.session.clock import SessionClock
 from carbonflow.session.source import CarbonSource
@@ -317,7 +318,7 @@ class RunSession:
     def _make_backend(self, label: str) -> Any:
         from carbonflow.execution.backend import make_backend
 
-        return make_backend(self.backend_name, self.workdir / _safe(label), self.kubernetes)
+        return make_backend(self.backend_name, self.workdir / safe_name(label), self.kubernetes)
 
     def _launch_pods(self, state: WaitState, clock: SessionClock) -> GroupOutcome:
         """A pair on a cluster, waited for here (the task may block): both pods started, awaited, collected."""
@@ -540,10 +541,6 @@ def _profile(member: GroupMember) -> Profile:
     if member.profile is None:
         raise ValueError(f"the wait state of {member.job.name} has no profile")
     return member.profile
-
-
-def _safe(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
 def _fmt(value: float | None) -> str:
