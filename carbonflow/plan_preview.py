@@ -36,7 +36,7 @@ def job_file_problems(path: Path) -> tuple[JobSpec | None, list[str]]:
         return load_job_file(path), []
     except RegistryError as err:
         try:
-            beside = problems_beside_the_schema(read_job_data(path))
+            beside = problems_beside_the_schema(read_job_data(path)[0])
         except (OSError, ValueError):
             beside = []  # not readable: err already says so
         return None, err.problems + beside

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -47,18 +48,23 @@ def _given_twice(key: object, where: str = "") -> ValueError:
     return ValueError(f"{where}key {key!r} is given twice; give each field once")
 
 
-def _refuse_duplicate_keys(pairs: list[tuple[object, object]]) -> dict:
-    """A JSON object from its key/value pairs (``json.loads``' ``object_pairs_hook``), a repeated key refused."""
-    mapping: dict = {}
-    for key, value in pairs:
-        if key in mapping:
-            raise _given_twice(key)
-        mapping[key] = value
-    return mapping
+def _json_keeping_repeats(repeated: list[str]) -> Any:
+    """A ``json.loads`` ``object_pairs_hook`` that notes each repeated key in ``repeated`` (the last value kept,
+    so the rest of the file is still checked)."""
+
+    def mapping_of(pairs: list[tuple[object, object]]) -> dict:
+        mapping: dict = {}
+        for key, value in pairs:
+            if key in mapping:
+                repeated.append(str(_given_twice(key)))
+            mapping[key] = value
+        return mapping
+
+    return mapping_of
 
 
-def _yaml_loader() -> type:
-    """PyYAML's SafeLoader, refusing a repeated mapping key with the line it is on."""
+def _yaml_loader(repeated: list[str]) -> type:
+    """PyYAML's SafeLoader, noting each repeated mapping key with its line in ``repeated``."""
     import yaml
 
     class StrictSafeLoader(yaml.SafeLoader):
@@ -68,7 +74,7 @@ def _yaml_loader() -> type:
             for key_node, value_node in node.value:
                 key = self.construct_object(key_node, deep=deep)
                 if key in mapping:
-                    raise _given_twice(key, f"line {key_node.start_mark.line + 1}: ")
+                    repeated.append(str(_given_twice(key, f"line {key_node.start_mark.line + 1}: ")))
                 mapping[key] = self.construct_object(value_node, deep=deep)
             return mapping
 
@@ -76,27 +82,25 @@ def _yaml_loader() -> type:
     return StrictSafeLoader
 
 
-def read_job_data(path: Path) -> object:
-    """A job file's raw content (YAML or JSON), a key given twice refused (ValueError)."""
+def read_job_data(path: Path) -> tuple[object, list[str]]:
+    """A job file's raw content (YAML or JSON) and one problem per key given twice in it (ValueError: not
+    YAML or JSON at all)."""
     text = path.read_text(encoding="utf-8")
+    repeated: list[str] = []
     if path.suffix == ".json":
-        return json.loads(text, object_pairs_hook=_refuse_duplicate_keys)
+        return json.loads(text, object_pairs_hook=_json_keeping_repeats(repeated)), repeated
     import yaml
 
     try:
-        return yaml.load(text, Loader=_yaml_loader())
+        return yaml.load(text, Loader=_yaml_loader(repeated)), repeated
     except yaml.YAMLError as err:
         raise ValueError(" ".join(str(err).split())) from None
-
-
-def _field_problems(path: Path, err: ValidationError) -> list[str]:
-    return [f"{path.name}: {problem}" for problem in field_problems(err)]
 
 
 def load_job_file(path: Path) -> JobSpec:
     """One registry file as a JobSpec (RegistryError naming the file and fields)."""
     try:
-        data = read_job_data(path)
+        data, repeated = read_job_data(path)
     except (OSError, ValueError) as exc:
         raise RegistryError(f"{path.name}: not readable as {path.suffix[1:].upper()}: {exc}") from None
     if not isinstance(data, dict):
@@ -105,9 +109,12 @@ def load_job_file(path: Path) -> JobSpec:
     if isinstance(workdir, str) and not os.path.isabs(workdir):
         data = {**data, "working_dir": os.path.normpath(path.parent / workdir)}
     try:
-        return with_code_fingerprint(JobSpec.model_validate(data))
+        spec, problems = JobSpec.model_validate(data), repeated
     except ValidationError as err:
-        raise RegistryError("; ".join(_field_problems(path, err)), problems=field_problems(err)) from None
+        spec, problems = None, repeated + field_problems(err)
+    if problems:  # a repeated key and the schema's problems, all at once
+        raise RegistryError("; ".join(f"{path.name}: {problem}" for problem in problems), problems=problems)
+    return with_code_fingerprint(spec)
 
 
 FINGERPRINT_MAX_BYTES = 64 * 1024 * 1024

@@ -47,16 +47,16 @@ def job_problems(spec: JobSpec, *, now: datetime | None = None) -> list[str]:
 
 
 def problems_beside_the_schema(data: object, *, now: datetime | None = None) -> list[str]:
-    """For a job the schema refuses: the request checks that need one field only (region, finish-by), run on
-    the fields the schema did not refuse, so a job with a typo in one key still hears of its unknown region at
-    once (``[]`` when the schema accepts the job: :func:`job_problems` then checks it whole)."""
+    """For a job refused before its request checks ran (by the schema, or by a key given twice in its file):
+    the request checks that need one field only (region, finish-by), run on the fields the schema did not
+    refuse, so a job with a typo in one key still hears of its unknown region at once; all of
+    :func:`job_problems` when the schema accepts the job."""
     from pydantic import TypeAdapter, ValidationError
 
     if not isinstance(data, dict):
         return []
     try:
-        JobSpec.model_validate(data)
-        return []
+        return job_problems(JobSpec.model_validate(data), now=now)
     except ValidationError as err:
         refused = {str(e["loc"][0]) for e in err.errors() if e["loc"]}
     problems = []

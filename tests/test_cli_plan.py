@@ -184,6 +184,15 @@ def test_a_schema_problem_does_not_hide_the_unknown_region_or_past_finish_by(tmp
     flat = " ".join(done.output.split())
     for problem in ("epochz: unknown field", "region='GBB' is not a known region", "finish_by=2020-01-01T00:00:00"):
         assert problem in flat, done.output
+    (tmp_path / "twice.yaml").write_text(bad.replace("objective: carbon", "objective: carbon\nobjective: energy"))
+    done = CliRunner().invoke(app, ["plan", str(tmp_path / "twice.yaml")])  # second trial: a repeat hid the rest
+    flat = " ".join(done.output.split())
+    assert done.exit_code == 2 and "(4 problems)" in flat, done.output
+    assert "key 'objective' is given twice" in flat and "region='GBB'" in flat and "epochz" in flat
+    (tmp_path / "only-twice.yaml").write_text(JOB.replace("region: GB", "region: GBB") + "epochs: 3\n")
+    done = CliRunner().invoke(app, ["plan", str(tmp_path / "only-twice.yaml")])  # schema-valid but for the repeat
+    flat = " ".join(done.output.split())
+    assert "key 'epochs' is given twice" in flat and "region='GBB'" in flat, done.output
     with pytest.raises(RequestError) as dag_says:
         validate_job({"name": "x", "workload": "digits_cnn", "epochz": 2, "region": "GBB"})
     assert "epochz" in str(dag_says.value) and "region='GBB'" in str(dag_says.value)

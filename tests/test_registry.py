@@ -51,6 +51,11 @@ def test_a_field_given_twice_in_one_file_is_refused_not_last_one_wins(tmp_path, 
     with pytest.raises(RegistryError, match=rf"{name}: .*key 'epochs' is given twice; give each field once") as info:
         load_registry(tmp_path)
     assert name.endswith(".json") or "line 7: key 'epochs'" in str(info.value)  # YAML: the line of the repeat
+    typo = text.replace("{", '{"regoin": "GB", ', 1) if name.endswith(".json") else text.replace("region:", "regoin:")
+    (tmp_path / name).write_text(typo)
+    with pytest.raises(RegistryError) as info:
+        load_registry(tmp_path)
+    assert "given twice" in str(info.value) and "regoin: unknown field" in str(info.value)  # both at once
 
 
 def test_two_files_naming_one_job_are_refused(tmp_path):
