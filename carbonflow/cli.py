@@ -139,7 +139,7 @@ def report(
     """Compare a job's runs: energy, emissions, accuracy, savings and configuration."""
     if view not in ("runs", "energy-accuracy"):
         raise typer.BadParameter(f"--view={view!r} is not allowed; use runs or energy-accuracy", param_hint="--view")
-    from carbonflow.terminal import cli_console, print_path
+    from carbonflow.terminal import cli_console, print_path, print_wrapped
     from carbonflow.tracking.history import TrackingUnavailableError
     from carbonflow.tracking.report import build_report, render_png, render_table
 
@@ -148,7 +148,7 @@ def report(
     try:
         data = build_report(job, tracking_uri=tracking_uri)
     except (LookupError, TrackingUnavailableError) as err:
-        typer.echo(f"error: {err}", err=True)
+        print_wrapped(cli_console(stderr=True), f"error: {err}", rest="  ")
         raise typer.Exit(1) from None
     console = cli_console()
     if view == "energy-accuracy":

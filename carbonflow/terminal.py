@@ -37,9 +37,10 @@ def shorten(text: str, width: int) -> str:
 
 
 def print_wrapped(console: Console, text: str, *, first: str = "", rest: str = "", style: str | None = None) -> None:
-    """``text`` wrapped to the console's width with a hanging indent (plain text: no markup, no trailing blanks)."""
+    """``text`` wrapped to the console's width with a hanging indent (plain text: no markup, no trailing blanks);
+    a word longer than a line (a path, a URI) goes whole on a line of its own, as :func:`print_path` prints it."""
     lines = textwrap.wrap(text, width=console.width, initial_indent=first, subsequent_indent=rest,
-                          break_on_hyphens=False) or [first]  # fmt: skip
+                          break_on_hyphens=False, break_long_words=False) or [first]  # fmt: skip
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True, style=style)
 

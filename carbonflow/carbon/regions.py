@@ -115,7 +115,7 @@ def resolve_region(region: str) -> ResolvedRegion:
         raise ValueError(f"region={region!r} is not a known {provider.lower()} region; allowed: {', '.join(same)}")
     raise ValueError(
         f"region={region!r} is not a known region; allowed: a grid zone, a cloud region or a NESO GB region, "
-        f"e.g. {', '.join(allowed_examples())} (full list: {REGIONS_CSV.name})"
+        f"e.g. {', '.join(allowed_examples())} (full list: {REGIONS_CSV})"
     )
 
 

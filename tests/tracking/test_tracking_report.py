@@ -103,7 +103,10 @@ def test_report_refuses_an_empty_tracking_store_without_creating_one(tmp_path: P
     monkeypatch.delenv("CARBONFLOW_HOME", raising=False)
     result = CliRunner().invoke(app, ["report", "my-mlp"])
     assert result.exit_code == 1
-    assert "no MLflow store at" in result.output and "--tracking-uri" in result.output
+    flat = " ".join(result.output.split())
+    assert "no MLflow store at" in flat and "--tracking-uri" in flat
+    long_lines = [line for line in result.output.splitlines() if len(line) > 100]  # wrapped, paths kept whole
+    assert all(" " not in line.strip() for line in long_lines), result.output
     assert not (tmp_path / ".carbonflow").exists()
 
 
