@@ -6,6 +6,9 @@ Wire it as a teardown (``train >> DeliverHeldRunsOperator(...).as_teardown()``):
 training did, and a failed training still fails the DAG run (a plain ``all_done`` leaf would mark it a success).
 While MLflow stays down it fails and Airflow retries it (with exponential backoff by default), so the
 records reach MLflow exactly once (by idempotency key) even when the worker that trained is gone.
+A held run that no delivery may trust (a file name with a folder, an artifact it does not carry, over the size
+cap: :func:`carbonflow.tracking.held.deliver_held`) is refused, and retrying does not change that: when only
+refused runs are left the task fails without a retry.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
 from carbonflow.operators.common import WarningCallback, tell
 from carbonflow.tracking.held import HELD_RUNS_XCOM_KEY, deliver_held
@@ -28,7 +32,8 @@ class DeliverHeldRunsOperator(BaseOperator):
     """Write the held run records of ``training_task_ids`` (every map index) to MLflow.
 
     :param training_task_ids: the CarbonAwareTrainingOperator tasks whose ``held_runs`` XCom to deliver.
-    :param tracking_uri: where to write (default: each record's own target, else ``$MLFLOW_TRACKING_URI``).
+    :param tracking_uri: where to write (default ``$MLFLOW_TRACKING_URI``, the deployment's store); the URI a
+        held record names is never used (an XCom row is not trusted to pick the store).
     :param on_warning_callback: called as ``callback(context, message)`` for each run logged late.
     """
 
@@ -60,18 +65,34 @@ class DeliverHeldRunsOperator(BaseOperator):
         held = [run for value in pulled if value for run in value]
         delivered: dict[str, str] = {}
         failed: list[str] = []
-        for run in held:
-            key = run["entry"]["record"]["idempotency_key"]
+        refused: list[str] = []
+        for number, run in enumerate(held):
+            key = _key_of(run, number)
             try:
                 delivered[key] = deliver_held(run, self.tracking_uri)
                 self.log.info("delivered held run %s as MLflow run %s", key, delivered[key])
+            except ValueError as err:  # HeldRunRefused or a malformed record: a retry reads the same row
+                refused.append(f"{key}: {type(err).__name__}: {err}")
             except Exception as err:
                 failed.append(f"{key}: {type(err).__name__}: {err}")
         if failed:
-            why = "; ".join(failed)
-            raise HeldRunsNotDelivered(f"{len(failed)} of {len(held)} held run(s) not delivered yet: {why}")
+            why = "; ".join(failed + refused)
+            raise HeldRunsNotDelivered(
+                f"{len(failed) + len(refused)} of {len(held)} held run(s) not delivered yet: {why}"
+            )
+        if refused:
+            why = "; ".join(refused)
+            raise AirflowFailException(f"{len(refused)} of {len(held)} held run(s) refused (not retried): {why}")
         if not held:
             self.log.info("no held runs: every training reached MLflow directly")
         late = [f"run {key} was logged late (after an MLflow outage) as {run}" for key, run in delivered.items()]
         tell(self, context, late)
         return {"delivered": delivered}
+
+
+def _key_of(run: Any, number: int) -> str:
+    """The held run's idempotency key for messages, or its position when the row has none."""
+    try:
+        return str(run["entry"]["record"]["idempotency_key"])
+    except (KeyError, TypeError):
+        return f"held run #{number}"

@@ -5,6 +5,7 @@ task delivers it, exactly once, when MLflow is back, even after the worker and i
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import tracking_factories as f
 from tracking_server_process import MlflowServer
 
 from carbonflow.tracking import schema
-from carbonflow.tracking.held import deliver_held, hold_run
+from carbonflow.tracking.held import HELD_RUN_MAX_KIB, deliver_held, hold_run
 from carbonflow.tracking.logger import log_training_run
 from carbonflow.tracking.store import client_for, search_all_runs, tag_filter
 
@@ -42,10 +43,10 @@ def test_a_held_run_reaches_mlflow_once_after_the_worker_and_its_spool_are_gone(
     assert held["left_on_worker"] == []
     shutil.rmtree(home)  # the worker pod is gone, with its spool
     with pytest.raises(Exception):  # noqa: B017 - MLflow still down: the delivering task fails and is retried
-        deliver_held(held)
+        deliver_held(held, server.uri)
     server.start()
-    run_id = deliver_held(held)
-    assert deliver_held(held) == run_id  # a retry of the delivering task finds the run
+    run_id = deliver_held(held, server.uri)
+    assert deliver_held(held, server.uri) == run_id  # a retry of the delivering task finds the run
     [run] = _runs(server, job_name, outcome.idempotency_key)
     assert run.info.run_id == run_id and run.info.status == "FINISHED"
     assert run.data.tags[schema.T_LOGGED_LATE] == "true"
@@ -56,11 +57,12 @@ def test_a_held_run_reaches_mlflow_once_after_the_worker_and_its_spool_are_gone(
 def test_a_file_over_the_budget_stays_on_the_worker_and_the_run_says_so(
     server: MlflowServer, home: Path, job_name: str, files: dict[str, Path]
 ) -> None:
+    files["model"].write_bytes(os.urandom(HELD_RUN_MAX_KIB * 1024))  # a checkpoint bigger than a held run may be
     outcome = _spooled_run(server, job_name, files)
-    held = hold_run(outcome.model_dump(mode="json"), max_bytes=files["trace"].stat().st_size * 4)
+    held = hold_run(outcome.model_dump(mode="json"))
     assert any(name.endswith("model.pt") for name in held["left_on_worker"]), held["left_on_worker"]
     server.start()
-    run_id = deliver_held(held)
+    run_id = deliver_held(held, server.uri)
     [run] = _runs(server, job_name, outcome.idempotency_key)
     assert run.info.run_id == run_id
     assert "model.pt" in run.data.tags[schema.T_HELD_WITHOUT]
@@ -87,11 +89,3 @@ def test_the_deliver_task_writes_held_runs_of_every_map_index_and_fails_while_ml
     delivered = op.execute({"ti": _Ti()})["delivered"]
     assert list(delivered) == [outcome.idempotency_key]
     assert len(_runs(server, job_name, outcome.idempotency_key)) == 1
-
-
-def test_held_runs_refuse_a_bad_budget_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    from carbonflow.tracking.held import _max_bytes
-
-    monkeypatch.setenv("CARBONFLOW_HELD_RUN_MAX_BYTES", "lots")
-    with pytest.raises(ValueError, match="CARBONFLOW_HELD_RUN_MAX_BYTES='lots'"):
-        _max_bytes()
