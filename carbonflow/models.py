@@ -64,42 +64,117 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
 
 
-class SimulatedGpuSpec(_Model):
+# Bounds of a job's input (issue 21): every number finite and in a documented range, every text and list sized,
+# so a job file or a trigger cannot ask for 1e12 epochs, a NaN target or an endless timeout.
+MAX_EPOCHS = 100_000
+MAX_STEPS = 100_000_000
+MAX_SAMPLES_PER_EPOCH = 10_000_000_000
+MAX_BATCH_SIZE = 1_048_576
+MAX_CANDIDATES = 32
+"""Most entries of a candidate list (batch_sizes, power_limits_w, trigger_limits.batch_sizes)."""
+MAX_POWER_LIMIT_W = 2000.0
+"""Above any GPU's power limit; the validate task then checks the device's own range."""
+MAX_PROFILE_STEPS = 100_000
+MAX_TIMEOUT_S = 24 * 3600.0
+MAX_PROFILE_AGE_S = 365 * 24 * 3600.0
+MAX_ABS_TARGET_VALUE = 1e9
+MAX_COMMAND_WORDS = 256
+MAX_COMMAND_WORD_CHARS = 4096
+MAX_COMMAND_CHARS = 32 * 1024
+MAX_ENV_ENTRIES = 128
+MAX_ENV_NAME_CHARS = 256
+MAX_ENV_VALUE_CHARS = 8192
+MAX_TEXT_CHARS = 256
+"""Longest short text field (workload, region, objective, target_metric, code_version, simulated GPU names)."""
+MAX_PATH_CHARS = 4096
+"""Longest working_dir or image reference."""
+
+
+class _InputModel(_Model):
+    """A model people write (a job file, a DAG's job dict): NaN and infinities are refused in every number."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
+class SimulatedGpuSpec(_InputModel):
     """Which published Zeus measurement a simulated GPU replays (always labelled simulated)."""
 
     gpu_model: Literal["V100", "A40", "RTX6000", "P100"] = Field(default="V100", description="the GPU Zeus measured")
-    dataset: str = Field(default="cifar100", description="Zeus workload's dataset (with network: which measurement)")
-    network: str = Field(default="shufflenetv2", description="Zeus workload's network")
-    batch_size: int | None = Field(default=None, gt=0, description="None: the workload's default b0")
-    optimizer: str | None = Field(default=None, description="Zeus workload's optimizer, where it measured several")
+    dataset: str = Field(
+        default="cifar100",
+        max_length=MAX_TEXT_CHARS,
+        description="Zeus workload's dataset (with network: which measurement)",
+    )
+    network: str = Field(default="shufflenetv2", max_length=MAX_TEXT_CHARS, description="Zeus workload's network")
+    batch_size: int | None = Field(default=None, gt=0, le=MAX_BATCH_SIZE, description="None: the workload's default b0")
+    optimizer: str | None = Field(
+        default=None, max_length=MAX_TEXT_CHARS, description="Zeus workload's optimizer, where it measured several"
+    )
     count: int = Field(default=1, ge=1, le=16, description="simulated GPUs on this node")
     pair_type: str | None = Field(
         default=None,
+        max_length=MAX_TEXT_CHARS,
         description="Gavel job type whose measured V100 pair speeds this job follows when it shares a simulated GPU",
     )
+
+
+class TriggerLimits(_InputModel):
+    """What a trigger (an on-demand run's conf) may change in this job, as its author allows: a trigger chooses,
+    the author defines. Without limits a trigger may ask for at most the job's own work and its own batch sizes."""
+
+    max_epochs: int | None = Field(
+        default=None, ge=1, le=MAX_EPOCHS, description="most epochs a trigger may ask for; None: the job's own epochs"
+    )
+    max_steps: int | None = Field(
+        default=None, ge=1, le=MAX_STEPS, description="most steps a trigger may ask for; None: the job's own steps"
+    )
+    batch_sizes: list[int] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_CANDIDATES,
+        description="batch sizes a trigger may choose; None: the job's batch_size and batch_sizes",
+    )
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _batch_sizes(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(not 1 <= b <= MAX_BATCH_SIZE for b in v):
+            raise ValueError(f"batch_sizes={v} is not allowed; give batch sizes from 1 to {MAX_BATCH_SIZE}")
+        return v
 
 
 COMMAND_PLACEHOLDERS = ("epochs", "steps", "batch_size", "output_dir", "python")
 """Placeholders a command job may use; each is also in the environment (CARBONFLOW_EPOCHS, ...)."""
 
 
-class JobSpec(_Model):
+class JobSpec(_InputModel):
     """A recurring training job: what to run, on what, how much, where and by when."""
 
-    name: str = Field(description="recurring key; the same name every night")
-    workload: str | None = Field(default=None, description="built-in workload, e.g. 'digits_cnn'")
+    name: str = Field(max_length=63, description="recurring key; the same name every night")
+    workload: str | None = Field(
+        default=None, max_length=MAX_TEXT_CHARS, description="built-in workload, e.g. 'digits_cnn'"
+    )
     command: list[str] | None = Field(
         default=None,
+        max_length=MAX_COMMAND_WORDS,
         description="command to run instead of a workload; may use {epochs} {steps} {batch_size} {output_dir} "
-        "{python}; 'python' as the first word is the worker's interpreter",
+        f"{{python}}; 'python' as the first word is the worker's interpreter; words of at most "
+        f"{MAX_COMMAND_WORD_CHARS} characters, {MAX_COMMAND_CHARS} in all",
     )
     working_dir: str | None = Field(
-        default=None, description="where the command runs; a relative path is resolved against the DAG file's folder"
+        default=None,
+        max_length=MAX_PATH_CHARS,
+        description="where the command runs; a relative path is resolved against the DAG file's folder",
     )
     samples_per_epoch: int | None = Field(
-        default=None, gt=0, description="samples one epoch holds (command jobs that give their work in epochs)"
+        default=None,
+        gt=0,
+        le=MAX_SAMPLES_PER_EPOCH,
+        description="samples one epoch holds (command jobs that give their work in epochs)",
     )
-    image: str | None = Field(default=None, description="container image for the Kubernetes backend")
+    image: str | None = Field(
+        default=None, max_length=MAX_PATH_CHARS, description="container image for the Kubernetes backend"
+    )
     device_kind: DeviceKind = Field(default="gpu", description="what the job trains on: gpu or cpu")
     simulated_gpu: SimulatedGpuSpec | None = Field(
         default=None, description="replay a Zeus-measured GPU instead of NVML (labelled simulated)"
@@ -108,54 +183,97 @@ class JobSpec(_Model):
     max_containers: int = Field(
         default=1, ge=1, le=64, description="most data-parallel processes/pods to consider (one GPU each)"
     )
-    epochs: int | None = Field(default=None, description="work to do, in epochs")
-    steps: int | None = Field(default=None, description="work to do, in optimiser steps")
+    epochs: int | None = Field(default=None, ge=1, le=MAX_EPOCHS, description="work to do, in epochs")
+    steps: int | None = Field(default=None, ge=1, le=MAX_STEPS, description="work to do, in optimiser steps")
     batch_size: int = Field(
         default=64,
         gt=0,
+        le=MAX_BATCH_SIZE,
         description="batch size of each container (one data-parallel process loads this many samples a step)",
     )
-    batch_sizes: list[int] | None = Field(default=None, description="opt-in batch-size candidates")
+    batch_sizes: list[int] | None = Field(
+        default=None,
+        max_length=MAX_CANDIDATES,
+        description=f"opt-in batch-size candidates (each ≥ 1, ≤ {MAX_BATCH_SIZE})",
+    )
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
         default="none", description="how the learning rate follows a batch size other than batch_size"
     )
     target_metric: str | None = Field(
-        default=None, description="metric the job trains to (with batch_sizes: the batch-size explorer learns from it)"
+        default=None,
+        max_length=MAX_TEXT_CHARS,
+        description="metric the job trains to (with batch_sizes: the batch-size explorer learns from it)",
     )
-    target_value: float | None = Field(default=None, description="value of target_metric that counts as reached")
+    target_value: float | None = Field(
+        default=None,
+        ge=-MAX_ABS_TARGET_VALUE,
+        le=MAX_ABS_TARGET_VALUE,
+        description="value of target_metric that counts as reached",
+    )
     min_accuracy: float | None = Field(default=None, ge=0, le=1, description="bar to register the model")
-    region: str = Field(description="grid region (e.g. GB, DE, US-CAL-CISO) or cloud region (e.g. aws:eu-west-2)")
+    region: str = Field(
+        max_length=MAX_TEXT_CHARS,
+        description="grid region (e.g. GB, DE, US-CAL-CISO) or cloud region (e.g. aws:eu-west-2)",
+    )
     finish_by: UtcDatetime | None = Field(
         default=None, description="latest end (UTC); None: the operator's next deadline_time_utc"
     )
-    objective: str = Field(default="carbon", description=f"what the plan minimises: {OBJECTIVES_HELP}")
+    objective: str = Field(
+        default="carbon", max_length=MAX_TEXT_CHARS, description=f"what the plan minimises: {OBJECTIVES_HELP}"
+    )
     max_slowdown: float = Field(default=0.10, ge=0, le=10, description="allowed extra run time, as a fraction")
     power_limit_w: float | None = Field(
-        default=None, gt=0, description="fixed power limit; None lets the planner choose"
+        default=None,
+        gt=0,
+        le=MAX_POWER_LIMIT_W,
+        description="fixed power limit; None lets the planner choose (the validate task checks the device's range)",
     )
-    power_limits_w: list[float] | None = Field(default=None, description="candidate power limits to profile")
-    profile_steps: int = Field(default=30, gt=0, description="measured steps per profiled configuration")
-    profile_warmup_steps: int = Field(default=5, ge=0, description="steps run before each configuration is measured")
+    power_limits_w: list[float] | None = Field(
+        default=None,
+        max_length=MAX_CANDIDATES,
+        description=f"candidate power limits to profile (each > 0, ≤ {MAX_POWER_LIMIT_W:g})",
+    )
+    profile_steps: int = Field(
+        default=30, gt=0, le=MAX_PROFILE_STEPS, description="measured steps per profiled configuration"
+    )
+    profile_warmup_steps: int = Field(
+        default=5, ge=0, le=MAX_PROFILE_STEPS, description="steps run before each configuration is measured"
+    )
     profile_min_window_s: float = Field(
         default=2.0, ge=0, le=600, description="each profiled configuration is measured over at least this long"
     )
     profile_report_timeout_s: float = Field(
-        default=300.0, gt=0, description="profiling stops a training that reports no progress for this long"
+        default=300.0,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="profiling stops a training that reports no progress for this long",
     )
-    profile_max_age_s: float = Field(default=7 * 24 * 3600, gt=0, description="reuse a profile younger than this")
+    profile_max_age_s: float = Field(
+        default=7 * 24 * 3600, gt=0, le=MAX_PROFILE_AGE_S, description="reuse a profile younger than this"
+    )
     observe_only: bool = Field(
         default=False,
         description="shadow mode: profile, plan and log what carbonflow would have saved, but train at once at "
         "the GPU's current limit, alone (no power limit, start time or co-location changed); "
         "$CARBONFLOW_OBSERVE_ONLY=1 sets it for every job",
     )
+    trigger_limits: TriggerLimits | None = Field(
+        default=None,
+        description="what an on-demand trigger may ask of this job (epochs, steps, batch size) and up to where; "
+        "None: at most the job's own epochs or steps, and only its own batch sizes. Everything else (command, "
+        "working_dir, env, image, resources) comes only from the job's definition",
+    )
     code_version: str = Field(
         default="1",
+        max_length=MAX_TEXT_CHARS,
         description="version of the training code; a new value makes the job's profile stale. Unset on a command job: "
         "a fingerprint of the files its command names under working_dir (auto-…), so editing the script re-profiles",
     )
     env: dict[str, str] = Field(
-        default_factory=dict, description="extra environment of the training (carbonflow's own variables refused)"
+        default_factory=dict,
+        max_length=MAX_ENV_ENTRIES,
+        description="extra environment of the training (carbonflow's own variables refused); names of at most "
+        f"{MAX_ENV_NAME_CHARS} characters, values of at most {MAX_ENV_VALUE_CHARS}",
     )
 
     @field_validator("name")
@@ -177,21 +295,52 @@ class JobSpec(_Model):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, value in v.items():
+            if len(name) > MAX_ENV_NAME_CHARS or len(value) > MAX_ENV_VALUE_CHARS:
+                raise ValueError(
+                    f"env entry {_short(name)} ({len(name)} + {len(value)} characters) is too long; allowed: names "
+                    f"of at most {MAX_ENV_NAME_CHARS} characters, values of at most {MAX_ENV_VALUE_CHARS}"
+                )
         check_job_env(v)
         return v
 
-    @field_validator("epochs", "steps")
+    @field_validator("epochs", "steps", mode="before")
     @classmethod
-    def _positive_work(cls, v: int | None, info: Any) -> int | None:
-        if v is not None and v <= 0:
-            raise ValueError(f"{info.field_name}={v} is not allowed; it must be a positive integer")
+    def _positive_work(cls, v: Any, info: Any) -> Any:
+        if isinstance(v, int | float) and not isinstance(v, bool) and v <= 0:
+            top = MAX_EPOCHS if info.field_name == "epochs" else MAX_STEPS
+            raise ValueError(f"{info.field_name}={v} is not allowed; it must be a positive integer, at most {top}")
         return v
 
     @field_validator("batch_sizes")
     @classmethod
     def _batch_sizes(cls, v: list[int] | None) -> list[int] | None:
-        if v is not None and (not v or any(b <= 0 for b in v)):
-            raise ValueError(f"batch_sizes={v} is not allowed; give one or more positive integers")
+        if v is not None and (not v or any(not 1 <= b <= MAX_BATCH_SIZE for b in v)):
+            raise ValueError(
+                f"batch_sizes={_short(v)} is not allowed; give one or more integers from 1 to {MAX_BATCH_SIZE}"
+            )
+        return v
+
+    @field_validator("power_limits_w")
+    @classmethod
+    def _power_limits(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None and any(not 0 < w <= MAX_POWER_LIMIT_W for w in v):
+            raise ValueError(
+                f"power_limits_w={_short(v)} is not allowed; give limits above 0 W and at most {MAX_POWER_LIMIT_W:g} W"
+            )
+        return v
+
+    @field_validator("finish_by", mode="before")
+    @classmethod
+    def _finish_by_text(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                datetime.fromisoformat(v.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+            except ValueError:
+                raise ValueError(
+                    f"finish_by={_short(v)} is not a date-time; give an ISO 8601 UTC time such as "
+                    "2026-11-25T07:00:00Z (or leave it empty for the next deadline)"
+                ) from None
         return v
 
     @field_validator("command")
@@ -202,6 +351,12 @@ class JobSpec(_Model):
         if not v or not v[0].strip():
             raise ValueError(
                 f"command={v!r} is not allowed; give the program and its arguments, e.g. ['python', 'train.py']"
+            )
+        longest = max(len(word) for word in v)
+        if longest > MAX_COMMAND_WORD_CHARS or sum(len(word) for word in v) > MAX_COMMAND_CHARS:
+            raise ValueError(
+                f"command={_short(v)} is too long (a word of {longest} characters, {sum(len(w) for w in v)} in all); "
+                f"allowed: words of at most {MAX_COMMAND_WORD_CHARS} characters, {MAX_COMMAND_CHARS} in all"
             )
         for word in v:
             for name in re.findall(r"{([^{}]*)}", word):
@@ -229,7 +384,24 @@ class JobSpec(_Model):
             )
         if self.device_kind == "cpu" and self.simulated_gpu is not None:
             raise ValueError("simulated_gpu is set but device_kind='cpu'; use device_kind='gpu' with a simulated GPU")
+        limits = self.trigger_limits
+        if limits is not None and limits.max_epochs is not None and self.epochs is None:
+            raise ValueError(
+                f"trigger_limits.max_epochs={limits.max_epochs} is set but job {self.name!r} gives its work in steps; "
+                "use trigger_limits.max_steps"
+            )
+        if limits is not None and limits.max_steps is not None and self.steps is None:
+            raise ValueError(
+                f"trigger_limits.max_steps={limits.max_steps} is set but job {self.name!r} gives its work in epochs; "
+                "use trigger_limits.max_epochs"
+            )
         return self
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: an error quotes a huge value without printing all of it."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 1]}… ({len(text)} characters)"
 
 
 class Config(_Model):
@@ -439,10 +611,20 @@ def _owner_and_field(model: type[BaseModel], loc: list[str]) -> tuple[type[BaseM
     return owner, owner.model_fields.get(loc[-1]) if owner is not None else None
 
 
+def _plain(number: Any) -> str:
+    """A bound as people write it: 86400 not 86400.0, 1000000000 not 1e+09."""
+    return str(int(number)) if isinstance(number, float) and number.is_integer() else str(number)
+
+
 def field_bounds(field: Any) -> str:
     """A field's numeric bounds as `` (≥ 0, ≤ 10)``; empty when it has none."""
-    marks = {"ge": "≥", "gt": ">", "le": "≤", "lt": "<"}
-    found = [f"{marks[k]} {getattr(m, k)}" for m in getattr(field, "metadata", []) for k in marks if hasattr(m, k)]
+    marks = {"ge": "≥", "gt": ">", "le": "≤", "lt": "<", "min_length": "length ≥", "max_length": "length ≤"}
+    found = [
+        f"{marks[k]} {_plain(getattr(m, k))}"
+        for m in getattr(field, "metadata", [])
+        for k in marks
+        if getattr(m, k, None) is not None
+    ]
     return f" ({', '.join(found)})" if found else ""
 
 
@@ -469,10 +651,19 @@ def field_problem(error: Any, model: type[BaseModel] = JobSpec) -> str:
     if kind == "model_type" and nested is not None:  # e.g. simulated_gpu: "V100" where an object is expected
         return f"{field}: must be a mapping with fields {', '.join(nested.model_fields)} (got {value!r})"
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and info is not None:
-        return f"{field}: {value!r} is out of range; allowed: {field_bounds(info).strip(' ()')}"
+        return f"{field}: {_short(value)} is out of range; allowed: {field_bounds(info).strip(' ()')}"
+    if kind == "finite_number":
+        allowed = field_bounds(info).strip(" ()") if info is not None else ""
+        return f"{field}: {value!r} is not a finite number; allowed: a finite number {allowed}".rstrip()
+    if kind in ("string_too_long", "too_long"):
+        unit = "characters" if kind == "string_too_long" else "entries"
+        limit = (error.get("ctx") or {}).get("max_length")
+        return f"{field}: {_short(value)} is too long ({len(value)} {unit}); allowed: at most {limit} {unit}"
+    if message.startswith(f"{loc[-1]}=") and len(loc) == 1:  # the message names the field and value itself
+        return message
     if f"{field}=" in message or isinstance(value, dict):
         return f"{field}: {message}"
-    return f"{field}: {message} (got {value!r})"
+    return f"{field}: {message} (got {_short(value)})"
 
 
 def field_problems(err: Any, model: type[BaseModel] = JobSpec) -> list[str]:

@@ -21,6 +21,10 @@ from carbonflow.models import JobSpec, field_bounds, field_problems
 
 JOBS_DIR_ENV = "CARBONFLOW_JOBS_DIR"
 SUFFIXES = (".yaml", ".yml", ".json")
+MAX_JOB_FILE_BYTES = 64 * 1024
+"""Largest job file read; checked before parsing (a job is a few hundred bytes)."""
+MAX_JOB_FILE_DEPTH = 32
+"""Deepest nesting of mappings and lists in a job file (a JobSpec nests two levels)."""
 
 
 class RegistryError(ValueError):
@@ -68,6 +72,26 @@ def _yaml_loader(repeated: list[str]) -> type:
     import yaml
 
     class StrictSafeLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                kind = "alias" if isinstance(event, yaml.AliasEvent) else "anchor"
+                raise ValueError(
+                    f"line {event.start_mark.line + 1}: YAML {kind} {'*&'[kind == 'anchor']}{event.anchor} is not "
+                    "allowed in a job file (anchors and aliases can expand a small file into gigabytes); write the "
+                    "value out"
+                )
+            self._depth = getattr(self, "_depth", 0) + 1
+            try:
+                if self._depth > MAX_JOB_FILE_DEPTH:
+                    raise ValueError(
+                        f"line {event.start_mark.line + 1}: nested deeper than {MAX_JOB_FILE_DEPTH} levels; "
+                        "a job file is a mapping of fields"
+                    )
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+
         def construct_mapping(self, node, deep=False):
             self.flatten_mapping(node)
             mapping: dict = {}
@@ -84,17 +108,32 @@ def _yaml_loader(repeated: list[str]) -> type:
 
 def read_job_data(path: Path) -> tuple[object, list[str]]:
     """A job file's raw content (YAML or JSON) and one problem per key given twice in it (ValueError: not
-    YAML or JSON at all)."""
-    text = path.read_text(encoding="utf-8")
+    YAML or JSON at all, larger than ``MAX_JOB_FILE_BYTES``, nested too deep, or with YAML anchors/aliases)."""
+    text = _bounded_text(path)
     repeated: list[str] = []
     if path.suffix == ".json":
-        return json.loads(text, object_pairs_hook=_json_keeping_repeats(repeated)), repeated
+        try:
+            return json.loads(text, object_pairs_hook=_json_keeping_repeats(repeated)), repeated
+        except RecursionError:
+            raise ValueError("nested deeper than Python can read; a job file is a mapping of fields") from None
     import yaml
 
     try:
         return yaml.load(text, Loader=_yaml_loader(repeated)), repeated
     except yaml.YAMLError as err:
         raise ValueError(" ".join(str(err).split())) from None
+
+
+def _bounded_text(path: Path) -> str:
+    """The file's text, refused before parsing when larger than ``MAX_JOB_FILE_BYTES`` (read no further)."""
+    with path.open("rb") as handle:
+        data = handle.read(MAX_JOB_FILE_BYTES + 1)
+    if len(data) > MAX_JOB_FILE_BYTES:
+        size = path.stat().st_size
+        raise ValueError(
+            f"the file is {size} bytes; allowed: at most {MAX_JOB_FILE_BYTES} bytes (MAX_JOB_FILE_BYTES) for one job"
+        )
+    return data.decode("utf-8")
 
 
 def load_job_file(path: Path) -> JobSpec:
@@ -192,10 +231,15 @@ def job_fields_markdown() -> str:
     """The JobSpec fields as a Markdown table (docs/jobs.md holds it: ``python -m carbonflow.registry fields``)."""
     from pydantic_core import PydanticUndefined
 
-    from carbonflow.models import SimulatedGpuSpec
+    from carbonflow.models import SimulatedGpuSpec, TriggerLimits
 
     lines = []
-    for title, model in (("JobSpec", JobSpec), ("simulated_gpu (SimulatedGpuSpec)", SimulatedGpuSpec)):
+    models = (
+        ("JobSpec", JobSpec),
+        ("simulated_gpu (SimulatedGpuSpec)", SimulatedGpuSpec),
+        ("trigger_limits (TriggerLimits)", TriggerLimits),
+    )
+    for title, model in models:
         lines += [f"**{title}**", "", "| field | type | default | meaning |", "|---|---|---|---|"]
         for name, field in model.model_fields.items():
             if field.default is PydanticUndefined and field.default_factory is None:

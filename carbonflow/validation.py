@@ -9,11 +9,39 @@ this module does not import Airflow.
 
 from __future__ import annotations
 
+import difflib
 import json
-from datetime import datetime
+import os
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 from carbonflow.models import JobSpec, UtcDatetime, parse_job, utcnow
+
+TRIGGER_FIELDS = (
+    "epochs",
+    "steps",
+    "batch_size",
+    "finish_by",
+    "objective",
+    "observe_only",
+    "region",
+    "max_slowdown",
+    "power_limit_w",
+)
+"""JobSpec fields a trigger (a DAG run's conf or Params form) may set, each checked against the job's author's limits
+or a bound of its own: work and batch size within ``trigger_limits``, finish-by within
+``TRIGGER_FINISH_BY_HORIZON``, a known region, a slowdown within the schema's range, a power limit within the
+device's range. Everything else (command, working_dir, env, image, resources, backend) comes only from files
+the author controls."""
+TRIGGER_FINISH_BY_HORIZON = timedelta(days=7)
+"""How far ahead a trigger may set finish_by."""
+AUTHOR_ONLY_KEYS = {
+    "job_spec": "a job is defined by its author (a registry file or the DAG file); a trigger chooses one by name",
+    "backend": "where a job trains is the DAG author's choice, made in the DAG file",
+    "env_from_connections": "which secrets reach a training is the job's author's choice",
+}
+"""Conf keys earlier versions took from a trigger, refused with why."""
 
 
 class RequestError(ValueError):
@@ -121,3 +149,130 @@ def _pair_type_problem(spec: JobSpec) -> str | None:
     except EnergyError as err:
         return str(err)
     return None
+
+
+def conf_problems(conf: Mapping[str, Any], allowed: Iterable[str]) -> list[str]:
+    """One message per conf key a trigger may not set: a field the job's author defines (``command is defined by
+    the job's author; a trigger may set only: ...``) or an unknown key (with ``did you mean 'epochs'?``)."""
+    allowed = list(allowed)
+    only = f"a trigger may set only: {', '.join(allowed)}" if allowed else "this DAG takes no conf"
+    problems = []
+    for key in sorted(set(conf) - set(allowed), key=str):
+        if key in AUTHOR_ONLY_KEYS:
+            problems.append(f"{key} is refused: {AUTHOR_ONLY_KEYS[key]}; {only}")
+        elif key in JobSpec.model_fields:
+            problems.append(f"{key} is defined by the job's author, not by a trigger; {only}")
+        else:
+            near = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"; did you mean {near[0]!r}? " if near else "; "
+            problems.append(f"unknown conf key {str(key)!r}{hint}{only}")
+    return problems
+
+
+def trigger_overrides(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The trigger fields ``params`` sets (empty values left out: the job's own value applies)."""
+    return {k: params[k] for k in TRIGGER_FIELDS if params.get(k) is not None and params.get(k) != ""}
+
+
+def validate_trigger(
+    base: JobSpec | dict[str, Any], overrides: Mapping[str, Any], *, now: datetime | None = None
+) -> JobSpec:
+    """The job its author defined with a trigger's overrides applied, validated as a request; the overrides must lie
+    within the author's limits (RequestError naming every problem at once)."""
+    refused = sorted(set(overrides) - set(TRIGGER_FIELDS))
+    if refused:
+        raise RequestError("; ".join(conf_problems(dict(overrides), TRIGGER_FIELDS)))
+    try:
+        author = parse_job(base)
+    except ValueError as err:  # the author's own job is invalid: the trigger is not to blame, but nothing runs
+        raise RequestError(str(err)) from None
+    job = {**author.model_dump(mode="json", exclude_unset=True), **overrides}
+    limits = trigger_limit_problems(author, overrides, now=now)
+    try:
+        spec = validate_job(job, now=now)
+    except RequestError as err:
+        raise RequestError("; ".join([str(err), *limits])) from None
+    if limits:
+        raise RequestError("; ".join(limits))
+    return spec
+
+
+def trigger_limit_problems(author: JobSpec, overrides: Mapping[str, Any], *, now: datetime | None = None) -> list[str]:
+    """What in a trigger's overrides lies outside the limits of the job's author (``[]``: nothing)."""
+    problems = [_work_problem(author, field, overrides[field]) for field in ("epochs", "steps") if field in overrides]
+    if "batch_size" in overrides:
+        problems.append(_batch_size_problem(author, overrides["batch_size"]))
+    if "finish_by" in overrides:
+        problems.append(_horizon_problem(overrides["finish_by"], now))
+    if "observe_only" in overrides and not isinstance(overrides["observe_only"], bool):
+        problems.append(f"observe_only={overrides['observe_only']!r} is not allowed; give true or false")
+    return [problem for problem in problems if problem]
+
+
+def trigger_work_limit(author: JobSpec, field: str) -> tuple[int | None, str]:
+    """The most ``epochs`` or ``steps`` a trigger may ask of ``author``'s job and where that limit comes from
+    (None: the job does not give its work that way)."""
+    own = getattr(author, field)
+    set_by_author = getattr(author.trigger_limits, f"max_{field}", None)
+    if set_by_author is not None:
+        return set_by_author, f"trigger_limits.max_{field}"
+    return own, f"the job's own {field}"
+
+
+def trigger_batch_sizes(author: JobSpec) -> tuple[list[int], str]:
+    """The batch sizes a trigger may choose for ``author``'s job and where that list comes from."""
+    if author.trigger_limits is not None and author.trigger_limits.batch_sizes:
+        return sorted(author.trigger_limits.batch_sizes), "trigger_limits.batch_sizes"
+    return sorted({author.batch_size, *(author.batch_sizes or [])}), "the job's own batch sizes"
+
+
+def _work_problem(author: JobSpec, field: str, value: Any) -> str | None:
+    own = getattr(author, field)
+    if own is None:
+        other = "steps" if field == "epochs" else "epochs"
+        return (
+            f"{field}={value!r} is not allowed: job {author.name!r} gives its work in {other}; a trigger may set that"
+        )
+    limit, source = trigger_work_limit(author, field)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        return (
+            f"{field}={value!r} is not allowed for job {author.name!r}: a trigger may ask for 1 to {limit} {field} "
+            f"(the limit its author set: {source})"
+        )
+    return None
+
+
+def _batch_size_problem(author: JobSpec, value: Any) -> str | None:
+    allowed, source = trigger_batch_sizes(author)
+    if isinstance(value, bool) or value not in allowed:
+        return (
+            f"batch_size={value!r} is not allowed for job {author.name!r}; allowed: "
+            f"{', '.join(str(b) for b in allowed)} (the limit its author set: {source})"
+        )
+    return None
+
+
+def _horizon_problem(value: Any, now: datetime | None) -> str | None:
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        finish_by = TypeAdapter(UtcDatetime).validate_python(value)
+    except ValidationError:
+        return None  # the schema's own message names it
+    latest = (now or utcnow()) + TRIGGER_FINISH_BY_HORIZON
+    if finish_by > latest:
+        return (
+            f"finish_by={_iso(finish_by)} is more than {TRIGGER_FINISH_BY_HORIZON.days} days ahead; a trigger may set "
+            f"a finish-by up to {_iso(latest)} (TRIGGER_FINISH_BY_HORIZON)"
+        )
+    return None
+
+
+def working_dir_problem(given: str | None, resolved: str | None, base_folder: str | None = None) -> str | None:
+    """What is wrong with a local job's ``working_dir`` on this machine, naming the path it resolved to and, when
+    that differs, the path as given (None: it is a directory, or there is none)."""
+    if resolved is None or os.path.isdir(resolved):
+        return None
+    against = f" against {base_folder}" if base_folder else ""
+    given_as = "" if given == resolved else f" (given as {given!r}, resolved{against})"
+    return f"working_dir={resolved!r}{given_as} is not a directory on this worker; create it or correct the path"

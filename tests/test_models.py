@@ -100,3 +100,125 @@ def test_a_value_out_of_range_names_the_whole_range() -> None:
     with pytest.raises(ValueError) as err:
         parse_job({"name": "m", "region": "GB", "steps": 1, "simulated_gpu": {"count": 99}})
     assert "simulated_gpu.count: 99 is out of range; allowed: ≥ 1, ≤ 16" in str(err.value)
+
+
+# --- issue 21: every number finite and bounded, every text and list sized ------------------------------------------
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        {"target_value": NAN},
+        {"target_value": -INF},
+        {"max_slowdown": NAN},
+        {"power_limit_w": INF},
+        {"profile_report_timeout_s": INF},
+        {"profile_max_age_s": NAN},
+        {"profile_min_window_s": NAN},
+        {"min_accuracy": NAN},
+        {"epochs": NAN},
+        {"simulated_gpu": {"batch_size": INF}},
+    ],
+)
+def test_nan_and_infinite_values_are_refused(update: dict) -> None:
+    """Security review: a NaN target_value and an infinite timeout were accepted."""
+    from carbonflow.models import parse_job
+
+    with pytest.raises(ValueError) as err:
+        parse_job({**BASE, **update})
+    field, value = next(iter(update.items()))
+    if isinstance(value, dict):
+        field, value = f"{field}.{next(iter(value))}", next(iter(value.values()))
+    assert f"{field}: {value!r} is not a finite number; allowed: a finite number" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("update", "fragment"),
+    [
+        ({"epochs": 10**12}, "epochs: 1000000000000 is out of range; allowed: ≥ 1, ≤ 100000"),
+        ({"epochs": 1e12}, "epochs: 1000000000000.0 is out of range; allowed: ≥ 1, ≤ 100000"),
+        ({"epochs": None, "steps": 10**12}, "steps: 1000000000000 is out of range; allowed: ≥ 1, ≤ 100000000"),
+        ({"batch_size": 10**9}, "batch_size: 1000000000 is out of range; allowed: > 0, ≤ 1048576"),
+        ({"batch_sizes": [64, 10**9]}, "batch_sizes=[64, 1000000000] is not allowed; give one or more integers"),
+        ({"samples_per_epoch": 10**15}, "samples_per_epoch: 1000000000000000 is out of range"),
+        (
+            {"profile_report_timeout_s": 1e9},
+            "profile_report_timeout_s: 1000000000.0 is out of range; allowed: > 0, ≤ 86400",
+        ),
+        ({"profile_max_age_s": 1e12}, "profile_max_age_s: 1000000000000.0 is out of range"),
+        ({"profile_steps": 10**9}, "profile_steps: 1000000000 is out of range; allowed: > 0, ≤ 100000"),
+        ({"target_value": 1e300}, "target_value: 1e+300 is out of range; allowed: ≥ -1000000000, ≤ 1000000000"),
+        ({"max_slowdown": 1e300}, "max_slowdown: 1e+300 is out of range; allowed: ≥ 0, ≤ 10"),
+        ({"power_limit_w": 1e6}, "power_limit_w: 1000000.0 is out of range; allowed: > 0, ≤ 2000"),
+        ({"power_limits_w": [150, 1e6]}, "power_limits_w=[150.0, 1000000.0] is not allowed; give limits above 0 W"),
+        ({"trigger_limits": {"max_epochs": 10**9}}, "trigger_limits.max_epochs: 1000000000 is out of range"),
+    ],
+)
+def test_unbounded_numbers_are_refused_naming_field_value_and_range(update: dict, fragment: str) -> None:
+    """Security review: 1e12 epochs were accepted."""
+    from carbonflow.models import parse_job
+
+    with pytest.raises(ValueError) as err:
+        parse_job({**BASE, **update})
+    assert fragment in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("update", "fragment"),
+    [
+        ({"name": "a" * 64}, "is too long (64 characters); allowed: at most 63 characters"),
+        ({"command": ["x"] * 257}, "command: ['x', 'x',"),
+        ({"command": ["x"] * 257}, "is too long (257 entries); allowed: at most 256 entries"),
+        ({"command": ["python", "y" * 5000]}, "allowed: words of at most 4096 characters, 32768 in all"),
+        ({"command": ["python"] + ["z" * 4000] * 9}, "allowed: words of at most 4096 characters, 32768 in all"),
+        ({"env": {f"V{i}": "1" for i in range(129)}}, "is too long (129 entries); allowed: at most 128 entries"),
+        ({"env": {"BIG": "v" * 9000}}, "env entry 'BIG' (3 + 9000 characters) is too long"),
+        ({"working_dir": "/" + "d" * 5000}, "working_dir: '/ddd"),
+        ({"region": "G" * 300}, "allowed: at most 256 characters"),
+        ({"simulated_gpu": {"pair_type": "p" * 300}}, "simulated_gpu.pair_type: 'ppp"),
+    ],
+)
+def test_sizes_are_bounded(update: dict, fragment: str) -> None:
+    """Security review: command length, argument count, env size and name length were unbounded; an error
+    quotes a huge value cut short, not whole."""
+    from carbonflow.models import parse_job
+
+    with pytest.raises(ValueError) as err:
+        parse_job({**BASE, **update})
+    assert fragment in str(err.value)
+    assert len(str(err.value)) < 2000
+
+
+def test_finish_by_that_is_not_a_date_gets_our_own_message() -> None:
+    """User trial: finish_by: tomorrow gave pydantic's 'Input should be a valid datetime or date'."""
+    from carbonflow.models import parse_job
+
+    with pytest.raises(ValueError) as err:
+        parse_job({**BASE, "finish_by": "tomorrow"})
+    text = str(err.value)
+    assert "finish_by='tomorrow' is not a date-time; give an ISO 8601 UTC time such as 2026-11-25T07:00:00Z" in text
+    assert "valid datetime" not in text
+
+
+def test_an_objective_error_names_its_field_once() -> None:
+    """User trial: 'objective: objective='greenest' is not allowed' named the field twice."""
+    from carbonflow.models import parse_job
+
+    with pytest.raises(ValueError) as err:
+        parse_job({**BASE, "objective": "greenest"})
+    text = str(err.value)
+    assert "objective='greenest' is not allowed; use one of carbon" in text and "objective: objective=" not in text
+
+
+def test_trigger_limits_must_match_how_the_job_gives_its_work() -> None:
+    from carbonflow.models import parse_job
+
+    assert parse_job({**BASE, "trigger_limits": {"max_epochs": 30, "batch_sizes": [32, 64]}}).trigger_limits
+    with pytest.raises(
+        ValueError, match=r"trigger_limits.max_steps=9 is set but job 'digits' gives its work in epochs"
+    ):
+        parse_job({**BASE, "trigger_limits": {"max_steps": 9}})
+    with pytest.raises(ValueError, match=r"trigger_limits.batch_sizes: .*allowed: at most 32 entries"):
+        parse_job({**BASE, "trigger_limits": {"batch_sizes": list(range(1, 40))}})

@@ -37,7 +37,7 @@ def test_every_problem_is_reported_with_file_field_and_value(tmp_path):
     with pytest.raises(RegistryError) as info:
         load_registry(tmp_path)
     text = str(info.value)
-    assert "a.yaml: epochs: epochs=-1 is not allowed" in text
+    assert "a.yaml: epochs=-1 is not allowed" in text  # the field is named once (user trial: twice)
     assert "b.yaml: regoin: unknown field; did you mean 'region'?" in text  # unknown keys are refused, not ignored
 
 
@@ -110,3 +110,72 @@ def test_editing_a_command_jobs_script_changes_its_code_version(tmp_path):
     assert load_job_file(job).code_version != second, "a file the command names counts too"
     job.write_text(job.read_text() + "code_version: '7'\n")
     assert load_job_file(job).code_version == "7", "a job's own code_version wins"
+
+
+# --- issue 21: hostile job files -----------------------------------------------------------------------------------
+
+
+def _billion_laughs(levels: int = 9) -> str:
+    """The classic alias bomb: each level a list of nine aliases of the one before (9**levels strings), used by
+    the job's command. Security review: 458 bytes like this took 389 MB while the DAG was parsed."""
+    lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "name: bomb\nsteps: 1\nregion: GB\n" + "\n".join(lines) + f"\ncommand: *l{levels - 1}\n"
+
+
+def test_yaml_alias_bomb_is_refused_quickly(tmp_path):
+    import tracemalloc
+
+    from carbonflow.registry import load_job_file
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_billion_laughs())
+    assert path.stat().st_size < 1024
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(RegistryError) as info:
+            load_job_file(path)
+        peak_bytes = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert time.perf_counter() - started < 2.0
+    assert peak_bytes < 5 * 1024 * 1024, f"{peak_bytes / 1e6:.1f} MB to refuse a {path.stat().st_size}-byte file"
+    assert "bomb.yaml: not readable as YAML: line 4: YAML anchor &l0 is not allowed in a job file" in str(info.value)
+
+
+def test_a_yaml_alias_alone_is_refused_too(tmp_path):
+    """An alias of an undefined anchor, or a merge key (``<<: *base``), is refused at the alias."""
+    from carbonflow.registry import load_job_file
+
+    (tmp_path / "alias.yaml").write_text("name: a\nsteps: 1\nregion: GB\nworkload: *w\n")
+    with pytest.raises(RegistryError, match=r"line 4: YAML alias \*w is not allowed in a job file"):
+        load_job_file(tmp_path / "alias.yaml")
+
+
+def test_a_job_file_over_the_size_limit_is_refused_before_parsing(tmp_path, monkeypatch):
+    import yaml
+
+    from carbonflow.registry import MAX_JOB_FILE_BYTES, load_job_file
+
+    path = tmp_path / "big.yaml"
+    path.write_text(YAML_JOB + "# " + "x" * MAX_JOB_FILE_BYTES + "\n")
+    parsed = []
+    monkeypatch.setattr(yaml, "load", lambda *a, **k: parsed.append(1))
+    with pytest.raises(RegistryError, match=rf"big.yaml: .*allowed: at most {MAX_JOB_FILE_BYTES} bytes"):
+        load_job_file(path)
+    assert not parsed, "the file was parsed before its size was checked"
+    (tmp_path / "big.json").write_text(" " * (MAX_JOB_FILE_BYTES + 1) + "{}")
+    with pytest.raises(RegistryError, match=rf"big.json: .*allowed: at most {MAX_JOB_FILE_BYTES} bytes"):
+        load_job_file(tmp_path / "big.json")
+
+
+@pytest.mark.parametrize(
+    ("name", "text"), [("deep.yaml", "[" * 5000 + "]" * 5000), ("deep.json", "[" * 30000 + "]" * 30000)]
+)
+def test_deeply_nested_job_files_are_refused_with_a_message(tmp_path, name, text):
+    from carbonflow.registry import load_job_file
+
+    (tmp_path / name).write_text(text)
+    with pytest.raises(RegistryError, match=rf"{name}: not readable as .*nested deeper than"):
+        load_job_file(tmp_path / name)
