@@ -81,12 +81,18 @@ def run_shared(
     raise typer.Exit(code)
 
 
+HOME_HELP = "carbonflow home (the .carbonflow folder holding the spool)"
+HOME_DEFAULT = "$CARBONFLOW_HOME, else ./.carbonflow"  # carbonflow.settings.home_dir, the one resolver
+
+
 @app.command()
 def profile(
     job: Annotated[Path, typer.Argument(help="JobSpec JSON file", exists=True, dir_okay=False)],
     out: Annotated[Path, typer.Option(help="where to write the Profile JSON")] = Path("profile.json"),
     step_w: Annotated[float, typer.Option(help="power-limit step of the sweep (W)", min=1)] = 25.0,
-    workdir: Annotated[Path, typer.Option(help="where runs keep their files")] = Path(".carbonflow/runs/cli"),
+    workdir: Annotated[
+        Path | None, typer.Option(help="where runs keep their files", show_default=f"{HOME_DEFAULT}, then runs/cli")
+    ] = None,
 ) -> None:
     """Profile a job under candidate configurations (power limits × containers), with a progress bar."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -96,8 +102,10 @@ def profile(
     from carbonflow.execution.local import LocalBackend
     from carbonflow.models import JobSpec
     from carbonflow.profiling.profiler import profile_job
+    from carbonflow.settings import home_dir
 
     spec = JobSpec.model_validate_json(job.read_text(encoding="utf-8"))
+    workdir = workdir or home_dir() / "runs" / "cli"
     devices = discover_devices(spec.simulated_gpu, include_cpu=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns) as progress:
@@ -121,12 +129,15 @@ def profile(
 
 @app.command()
 def demo(
-    home: Annotated[Path, typer.Option(help="state directory (Airflow DB, MLflow store)")] = Path(".carbonflow"),
+    home: Annotated[
+        Path | None, typer.Option(help="state directory (Airflow DB, MLflow store)", show_default=HOME_DEFAULT)
+    ] = None,
 ) -> None:
     """Run the nightly_retrain DAG once end-to-end on embedded Airflow + MLflow and print what it did."""
     from carbonflow.demo import run_demo
+    from carbonflow.settings import home_dir
 
-    raise typer.Exit(run_demo(home))
+    raise typer.Exit(run_demo(home or home_dir()))
 
 
 @app.command()
@@ -196,12 +207,12 @@ def try_command(
     ] = None,
 ) -> None:
     """Run CMD (after --) under carbonflow's wrapper, as a job would run, and print what it measured."""
-    from carbonflow.tracking.uri import carbonflow_home
+    from carbonflow.settings import home_dir
     from carbonflow.tryout import run_try
 
     if not ctx.args:
         raise typer.BadParameter("give the command after --, e.g. carbonflow try -- python train.py", param_hint="CMD")
-    raise typer.Exit(run_try(list(ctx.args), workdir or carbonflow_home() / "try", steps=steps, batch_size=batch_size,
+    raise typer.Exit(run_try(list(ctx.args), workdir or home_dir() / "try", steps=steps, batch_size=batch_size,
                              power_limit_w=power_limit, containers=containers))  # fmt: skip
 
 
@@ -216,22 +227,22 @@ def dags_test(
     ],
     dag_id: Annotated[str | None, typer.Option(help="the DAG to run, when the file defines several")] = None,
     home: Annotated[
-        Path, typer.Option(help="carbonflow home: the Airflow DB, MLflow store, runs and log go here")
-    ] = Path(".carbonflow"),
+        Path | None,
+        typer.Option(
+            help="carbonflow home: the Airflow DB, MLflow store, runs and log go here", show_default=HOME_DEFAULT
+        ),
+    ] = None,
     live: Annotated[bool, typer.Option(help="live carbon APIs and the wall clock instead of the replay")] = False,
 ) -> None:
     """Run your DAG once, end to end, on embedded Airflow + MLflow, and print each training's cost and accuracy."""
     from carbonflow.dev import run_dag_test
+    from carbonflow.settings import home_dir
 
-    raise typer.Exit(run_dag_test(dag_file, home, dag_id=dag_id, live=live))
+    raise typer.Exit(run_dag_test(dag_file, home or home_dir(), dag_id=dag_id, live=live))
 
 
 spool_app = typer.Typer(help="Runs kept locally while MLflow was unreachable.", no_args_is_help=True)
 app.add_typer(spool_app, name="spool")
-
-
-HOME_HELP = "carbonflow home (the .carbonflow folder holding the spool)"
-HOME_DEFAULT = "$CARBONFLOW_HOME, else ./.carbonflow"
 
 
 @spool_app.command("replay")

@@ -39,6 +39,8 @@ CONTAINERS_ENV = "CARBONFLOW_CONTAINERS"
 # --- node safety (set by carbonflow's deployment; never by a job) -----------------------------------
 POWER_JOURNAL_DIR_ENV = "CARBONFLOW_POWER_JOURNAL_DIR"
 GPU_LEASE_DIR_ENV = "CARBONFLOW_GPU_LEASE_DIR"
+NODE_DIR_ENV = "CARBONFLOW_NODE_DIR"
+"""The machine-wide state directory holding the leases and journals (see carbonflow.settings)."""
 ZEUSD_SOCK_ENV = "ZEUSD_SOCK_PATH"
 GPU_INDEX_MAP_ENV = "CARBONFLOW_GPU_INDEX_MAP"
 """JSON file mapping GPU UUID → host NVML index (zeusd's numbering), written on the node's host."""

@@ -31,9 +31,17 @@ os.environ.update(
         "CARBONFLOW_REPLAY": "1",
         "MLFLOW_TRACKING_URI": f"sqlite:///{_SESSION_DIR / 'home' / 'mlflow.db'}",
         "CARBONFLOW_POWER_JOURNAL_DIR": str(_SESSION_DIR / "power-journal"),
+        "CARBONFLOW_NODE_DIR": str(_SESSION_DIR / "node"),  # never the real /var/lib/carbonflow or /tmp one
     }
 )
 (_SESSION_DIR / "home").mkdir(exist_ok=True)
+
+
+@pytest.fixture(autouse=True)
+def _one_node_dir_per_test(tmp_path_factory, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Each test is its own machine: its own node directory, so node.json registers that test's lease and
+    journal directories (carbonflow.settings refuses a machine whose wrappers disagree on them)."""
+    monkeypatch.setenv("CARBONFLOW_NODE_DIR", str(tmp_path_factory.mktemp("node")))
 
 
 @pytest.fixture(scope="session")

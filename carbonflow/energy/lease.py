@@ -9,9 +9,11 @@ killer — the kernel drops the lock: no lease outlives its processes, and none 
 That makes the lease the liveness test of everything else: a power-limit journal of a GPU whose lease a
 new wrapper now holds was left by a run that is gone, and is repaired at once.
 
-The lease directory must be the same for every wrapper on a node (``CARBONFLOW_GPU_LEASE_DIR``; default
-``$CARBONFLOW_HOME/gpu-leases``, else ``~/.carbonflow/gpu-leases``) and on a local filesystem (``flock``
-on NFS is not reliable).
+The lease directory is the same for every wrapper on a machine whatever its ``CARBONFLOW_HOME`` or user:
+``<node dir>/gpu-leases`` (:func:`carbonflow.settings.node_state_dir`), or ``CARBONFLOW_GPU_LEASE_DIR``; a
+directory inside a home, or one that disagrees with what the machine registered, is refused before any lease
+is taken (:func:`carbonflow.settings.node_dirs`). It must be on a local filesystem (``flock`` on NFS is not
+reliable). Lock files are opened read-only when another user created them (``flock`` needs no write access).
 """
 
 from __future__ import annotations
@@ -25,27 +27,25 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from carbonflow.contract import GPU_LEASE_DIR_ENV
 from carbonflow.energy.errors import GpuLeaseUnavailable
+from carbonflow.settings import node_dirs
 
 POLL_S = 0.2
 
 
-def carbonflow_state_dir() -> Path:
-    """``$CARBONFLOW_HOME`` if set, else ``~/.carbonflow``: where node-local state lives by default."""
-    home = os.environ.get("CARBONFLOW_HOME")
-    return Path(home) if home else Path.home() / ".carbonflow"
-
-
 def lease_dir() -> Path:
-    """The node-wide lease directory (see the module docstring)."""
-    env = os.environ.get(GPU_LEASE_DIR_ENV)
-    return Path(env) if env else carbonflow_state_dir() / "gpu-leases"
+    """The machine-wide lease directory (see the module docstring); raises NodeDirsSplit on a split."""
+    return node_dirs().leases
 
 
 def safe_name(text: str) -> str:
-    """``text`` usable as one path component (GPU UUIDs; Airflow run ids contain ':' and '+')."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+    """``text`` usable as one path component (GPU UUIDs; Airflow run ids contain ':' and '+').
+
+    Never ``''``, ``'.'`` or ``'..'`` (which name no file of their own): those come back with their dots as
+    ``_``, e.g. ``'..'`` → ``'__'``, ``''`` → ``'_'``.
+    """
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+    return "_" * max(len(name), 1) if name in ("", ".", "..") else name
 
 
 def _lock_path(directory: Path, gpu_uuid: str) -> Path:
@@ -55,7 +55,7 @@ def _lock_path(directory: Path, gpu_uuid: str) -> Path:
 def _try_lock(path: Path) -> int | None:
     """An fd holding an exclusive flock on ``path``, or None when another process holds it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_lock_file(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -63,9 +63,18 @@ def _try_lock(path: Path) -> int | None:
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             return None
         raise
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    with contextlib.suppress(OSError):  # informative only; read-only when another user created the file
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
     return fd
+
+
+def _open_lock_file(path: Path) -> int:
+    """The lock file, read-write when ours, read-only when another user's (never through a symlink)."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except PermissionError:
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
 
 
 def lease_holder_pid(gpu_uuid: str, directory: Path | None = None) -> int | None:

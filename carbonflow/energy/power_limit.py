@@ -56,11 +56,11 @@ from carbonflow.energy.errors import (
 from carbonflow.energy.lease import (
     GpuLeaseSet,
     acquire_gpus,
-    carbonflow_state_dir,
     lease_holder_pid,
     lease_is_held,
     safe_name,
 )
+from carbonflow.settings import node_dirs
 
 RESTORE_FAILED = "POWER LIMIT NOT RESTORED"
 """How a run's notes start when a limit could not be put back (the session fails the task on it)."""
@@ -73,9 +73,29 @@ JOURNAL_FORMAT_VERSION = 2
 
 
 def default_journal_dir() -> Path:
-    """Journals live in $CARBONFLOW_POWER_JOURNAL_DIR, else power-journal under $CARBONFLOW_HOME or ~/.carbonflow."""
-    env = os.environ.get(JOURNAL_DIR_ENV)
-    return Path(env) if env else carbonflow_state_dir() / "power-journal"
+    """The machine-wide journal directory: $CARBONFLOW_POWER_JOURNAL_DIR, else ``<node dir>/power-journal``.
+
+    Never under a worker's home (see :func:`carbonflow.settings.node_dirs`, which refuses a split).
+    """
+    return node_dirs().journals
+
+
+def journal_target_w(dev: Device, entry: JournalEntry) -> tuple[float, str | None]:
+    """The limit to put ``dev`` back to from ``entry``, and why it is not the journal's own value (or None).
+
+    A journal is restore instructions applied with privilege: a ``previous_w`` outside the GPU's [min, max]
+    range (a forged or corrupt file) is refused and the GPU goes back to its default limit instead.
+    """
+    low_w, high_w = dev.power_limit_constraints_w()
+    if low_w - LIMIT_TOLERANCE_W <= entry.previous_w <= high_w + LIMIT_TOLERANCE_W:
+        return entry.previous_w, None
+    default_w = dev.default_power_limit_w()
+    why = (
+        f"journal {entry.path}: previous_w={entry.previous_w:g} W is outside {dev.describe()}'s range "
+        f"[{low_w:g}, {high_w:g}] W; refused, restoring the GPU's default limit {default_w:g} W instead"
+    )
+    logger.critical(why)
+    return default_w, why
 
 
 def gpu_journal_path(directory: Path, gpu_uuid: str) -> Path:
@@ -293,8 +313,9 @@ def applied_power_limit(
     outcome = PowerLimitOutcome(requested_w=limit_w)
     gpus = [d for d in devices if d.kind == "gpu"]
     durable = [d for d in gpus if d.label != "simulated"]  # a simulated GPU's limit dies with its process
+    # resolved (and checked against a split) before any lease is taken; unused without a durable GPU
+    directory = Path(journal_dir) if journal_dir else default_journal_dir() if durable else Path()
     own = acquire_gpus([d.id for d in durable], len(durable)) if durable and lease is None else None
-    directory = Path(journal_dir) if journal_dir else default_journal_dir()
     try:
         outcome.notes.extend(repair_leased_gpus(directory, durable, retries, retry_delay_s))
         settable = _settable(gpus, limit_w, outcome) if limit_w is not None and gpus else None
@@ -368,9 +389,10 @@ def restore_from_journal(
         if dev is None:
             problems.append(f"GPU {entry.gpu_uuid} not found on this host")
             continue
-        err = _set_with_retries(dev, entry.previous_w, retries, retry_delay_s)
+        target_w, _ = journal_target_w(dev, entry)
+        err = _set_with_retries(dev, target_w, retries, retry_delay_s)
         if err is None:
-            restored[entry.gpu_uuid] = entry.previous_w
+            restored[entry.gpu_uuid] = target_w
         else:
             problems.append(f"{dev.describe()}: {err}")
     if problems:
@@ -419,15 +441,15 @@ def repair_leased_gpus(
 
 
 def _repair_entry(dev: Device, entry: JournalEntry, retries: int, retry_delay_s: float) -> str:
-    err = _set_with_retries(dev, entry.previous_w, retries, retry_delay_s)
+    target_w, refused = journal_target_w(dev, entry)
+    err = _set_with_retries(dev, target_w, retries, retry_delay_s)
     if err is not None:
         msg = f"could not restore {dev.describe()} from crashed run's journal {entry.path}: {err}"
         logger.critical(msg)
         return msg
     entry.path.unlink(missing_ok=True)
-    return (
-        f"restored {dev.describe()} to {entry.previous_w:g} W left lowered by a crashed run (journal {entry.path.name})"
-    )
+    done = f"restored {dev.describe()} to {target_w:g} W left lowered by a crashed run (journal {entry.path.name})"
+    return f"{done}; {refused}" if refused else done
 
 
 def _repair_v1_journals(directory: Path, devices: Sequence[Device], retries: int, retry_delay_s: float) -> list[str]:

@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from carbonflow.session.source import CarbonSource, replay_enabled
+from carbonflow.settings import home_dir
 
 log = logging.getLogger(__name__)
 
-HOME_ENV = "CARBONFLOW_HOME"
-
-
 def home() -> Path:
-    """carbonflow's state directory (``$CARBONFLOW_HOME``, default ``./.carbonflow``)."""
-    path = Path(os.environ.get(HOME_ENV, ".carbonflow")).resolve()
+    """carbonflow's state directory (:func:`carbonflow.settings.home_dir`), created."""
+    path = home_dir()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -25,8 +25,10 @@ HTTP_BACKOFF_FACTOR = 1
 
 
 def carbonflow_home() -> Path:
-    """carbonflow's local state folder: ``$CARBONFLOW_HOME`` or ``./.carbonflow`` (absolute)."""
-    return Path(os.environ.get(HOME_ENV) or DEFAULT_HOME).expanduser().resolve()
+    """carbonflow's local state folder: ``$CARBONFLOW_HOME`` or ``./.carbonflow`` (absolute; one resolver)."""
+    from carbonflow.settings import home_dir
+
+    return home_dir()
 
 
 def default_tracking_uri(home: Path | None = None) -> str:

@@ -63,6 +63,7 @@ class FakeNode:
         env["FAKE_PYNVML_STATE"] = str(self.state_path)
         env["CARBONFLOW_POWER_JOURNAL_DIR"] = str(self.journal_dir)
         env["CARBONFLOW_GPU_LEASE_DIR"] = str(self.lease_dir)
+        env["CARBONFLOW_NODE_DIR"] = str(self.root / "node")  # one machine, one node directory
         for name in ("CUDA_VISIBLE_DEVICES", "ZEUSD_SOCK_PATH", "FAKE_NVML_CONTAINER_GPUS", "FAKE_NVML_UNPRIVILEGED"):
             env.pop(name, None)
         env.update(extra)
