@@ -49,3 +49,24 @@ def test_an_empty_registry_parses_to_an_empty_night(
     bag = _bag(monkeypatch, tmp_path, airflow_db)
     assert not bag.import_errors
     assert bag.get_dag("nightly_registry").task_ids == []
+
+
+def test_a_trigger_can_change_nothing_in_the_registry_night(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: Path
+) -> None:
+    """Issue 21: every carbonflow DAG that reads a trigger's conf checks it in a validate task. nightly_registry has
+    no validate task, so it must read nothing from a trigger: no Params form, no task templated on params or
+    dag_run, and no carbonflow operator but ValidateJobsOperator reads the run's params or conf."""
+    (tmp_path / "alpha.yaml").write_text(GOOD.format(name="alpha"))
+    dag = _bag(monkeypatch, tmp_path, airflow_db).get_dag("nightly_registry")
+    assert not dag.params
+    for task in dag.tasks:
+        fields = [getattr(task, "partial_kwargs", {}), getattr(task, "expand_input", None)]
+        fields += [getattr(task, name, None) for name in task.template_fields]
+        assert not [f for f in map(repr, fields) if "params" in f or "dag_run" in f], task.task_id
+    readers = [
+        path.name
+        for path in (REPO / "carbonflow" / "operators").glob("*.py")
+        if path.name != "params.py" and any(s in path.read_text() for s in ('"params"', "'params'", ".conf"))
+    ]
+    assert not readers, f"these operators read a trigger's params or conf without the validate task: {readers}"
