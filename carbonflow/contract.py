@@ -6,11 +6,22 @@ that set one of these itself would train on a GPU carbonflow is not measuring, r
 nobody reads, or move a power-limit journal where no restore looks. So a JobSpec's ``env`` is
 refused, by name, when it sets any of :data:`PROTECTED_ENV_VARS` or any ``CARBONFLOW_*`` variable.
 
+A job's ``env`` may not make a process load code it did not ask for either (:data:`CODE_LOADING_ENV_VARS`,
+:data:`CODE_LOADING_ENV_PREFIXES`: ``PYTHONPATH``, ``LD_PRELOAD``, ``BASH_ENV``, ...): only the training
+ever sees a job's ``env``, but these would turn any interpreter, shell or dynamic loader that inherits them
+into the job's code.
+
+The training's environment is built from an allow-list (:func:`training_base_env`), never from the
+wrapper's whole environment: a worker's credentials (``AIRFLOW__*``, ``MLFLOW_TRACKING_*``, ``AWS_*``, ...)
+never reach a training unless its job declares them (``env``, or ``env_from_connections`` resolved by the
+operator).
+
 This module is the one list. Code that sets these variables imports their names from here.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 # --- the training contract (set by the wrapper for the training child) -------------------------------
@@ -81,17 +92,161 @@ PROTECTED_ENV_VARS: dict[str, str] = {
 """Variables a job's ``env`` may not set, with why (``CARBONFLOW_*`` is refused as a prefix too)."""
 
 
+CODE_LOADING_ENV_PREFIXES: dict[str, str] = {
+    "PYTHON": "PYTHON* variables make an interpreter import code it did not ask for (PYTHONPATH, PYTHONHOME, "
+    "PYTHONSTARTUP, PYTHONUSERBASE, PYTHONWARNINGS, PYTHONBREAKPOINT, ...)",
+    "LD_": "LD_* variables make the dynamic loader load other libraries (LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT)",
+    "DYLD_": "DYLD_* variables make the dynamic loader load other libraries",
+    "BASH_FUNC_": "exported shell functions run in every bash that inherits them",
+}
+"""Prefixes of variables that make a process load code it did not ask for (refused in a job's ``env``)."""
+
+CODE_LOADING_ENV_VARS: dict[str, str] = {
+    "BASH_ENV": "a non-interactive bash runs this file first",
+    "ENV": "a POSIX sh runs this file first",
+    "GCONV_PATH": "glibc loads character-set converters (shared libraries) from here",
+    "GLIBC_TUNABLES": "changes the dynamic loader's behaviour (CVE-2023-4911)",
+    "CUDA_INJECTION64_PATH": "every CUDA process loads this library",
+    "NVTX_INJECTION64_PATH": "every NVTX-instrumented process loads this library",
+    "OPENSSL_CONF": "OpenSSL loads engines and providers (shared libraries) named there",
+    "OPENSSL_MODULES": "OpenSSL loads providers (shared libraries) from here",
+    "OPENSSL_ENGINES": "OpenSSL loads engines (shared libraries) from here",
+    "PERL5OPT": "every perl runs these options (-M loads a module)",
+    "PERL5LIB": "every perl loads modules from here first",
+    "PERLLIB": "every perl loads modules from here first",
+    "RUBYOPT": "every ruby runs these options (-r loads a library)",
+    "RUBYLIB": "every ruby loads libraries from here first",
+    "NODE_OPTIONS": "every node runs these options (--require loads a module)",
+    "NODE_PATH": "every node loads modules from here",
+    "OMP_TOOL_LIBRARIES": "the OpenMP runtime loads these tool libraries",
+    "JAVA_TOOL_OPTIONS": "every JVM runs these options (-javaagent loads code)",
+    "_JAVA_OPTIONS": "every JVM runs these options (-javaagent loads code)",
+    "JDK_JAVA_OPTIONS": "every java launcher runs these options (-javaagent loads code)",
+}
+"""Variables that make a process load or run code it did not ask for (refused in a job's ``env``).
+
+The rule: anything that makes an interpreter, a shell or the dynamic loader load code that the command did
+not name. Not refused, because they load no code: ``SSL_CERT_*`` (trust anchors), ``MALLOC_*`` (allocator
+tuning), ``PATH`` (the job's command is the job's choice anyway)."""
+
+PYTHON_SETTINGS_ALLOWED: frozenset[str] = frozenset(
+    {"PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE", "PYTHONIOENCODING",
+     "PYTHONUTF8"}
+)  # fmt: skip
+"""``PYTHON*`` settings a job may still set: they change how Python runs, never what code it loads."""
+
+
 def protected_env_problem(name: str) -> str | None:
     """Why a job's ``env`` may not set ``name``, or None when it may."""
     if name in PROTECTED_ENV_VARS:
         return PROTECTED_ENV_VARS[name]
-    if name.upper().startswith(CARBONFLOW_PREFIX):
+    upper = name.upper()
+    if upper.startswith(CARBONFLOW_PREFIX):
         return "carbonflow's own variables (CARBONFLOW_*) are set by carbonflow"
-    return None
+    if upper in CODE_LOADING_ENV_VARS:
+        return CODE_LOADING_ENV_VARS[upper]
+    if upper in PYTHON_SETTINGS_ALLOWED:
+        return None
+    prefix = next((p for p in CODE_LOADING_ENV_PREFIXES if upper.startswith(p)), None)
+    return CODE_LOADING_ENV_PREFIXES[prefix] if prefix is not None else None
 
 
-def check_job_env(env: Mapping[str, str]) -> None:
+def check_job_env(env: Mapping[str, str], field: str = "env") -> None:
     """Raise ValueError naming every variable of ``env`` a job may not set, and why."""
-    problems = [f"env.{name}: {why}" for name in sorted(env) if (why := protected_env_problem(name))]
+    problems = [f"{field}.{name}: {why}" for name in sorted(env) if (why := protected_env_problem(name))]
     if problems:
-        raise ValueError("a job's env may not set these variables (carbonflow sets them): " + "; ".join(problems))
+        raise ValueError(
+            f"a job's {field} may not set these variables (carbonflow sets them, or they make a process load code "
+            "it did not ask for): " + "; ".join(problems)
+        )
+
+
+# --- the training's environment: an allow-list --------------------------------------------------------
+TRAINING_ENV_BASE: dict[str, str] = {
+    "PATH": "where the command's programs are found",
+    "HOME": "where tools keep caches and settings (~/.cache/torch, ~/.cache/huggingface)",
+    "LANG": "locale",
+    "LANGUAGE": "locale",
+    "TZ": "time zone",
+    "TMPDIR": "where temporary files go",
+}
+"""Passed on from the wrapper's environment to every training."""
+TRAINING_ENV_PREFIXES: dict[str, str] = {
+    "LC_": "locale",
+    "OPENBLAS_": "the host's BLAS settings (threads, a CPU type where OpenBLAS misdetects the CPU: without it the "
+    "digits workload ran several times slower on the test hosts)",
+}
+
+TRAINING_ENV_RUNTIME: dict[str, str] = {
+    "LD_LIBRARY_PATH": "where the node's CUDA driver libraries are (e.g. /usr/local/nvidia/lib64 on GKE): the "
+    "deployment's value; a job may not set it",
+    "CUDA_HOME": "the CUDA toolkit, for kernels compiled at run time (torch.utils.cpp_extension, Triton)",
+    "CUDA_VISIBLE_DEVICES": "the worker's own view of the GPUs; narrowed to the leased GPUs by the wrapper",
+    "OMP_NUM_THREADS": "CPU threads per process, where the host limits them (shared CPUs)",
+    "MKL_NUM_THREADS": "CPU threads per process, where the host limits them (shared CPUs)",
+    "WORLD_SIZE": "a rank of a multi-pod run: set by Kubernetes for the training (never by a job)",
+    "RANK": "a rank of a multi-pod run: set by Kubernetes for the training (never by a job)",
+    "LOCAL_RANK": "a rank of a multi-pod run: set by Kubernetes for the training (never by a job)",
+    "LOCAL_WORLD_SIZE": "a rank of a multi-pod run: set by Kubernetes for the training (never by a job)",
+    "MASTER_ADDR": "a rank of a multi-pod run: set by Kubernetes for the training (never by a job)",
+    "MASTER_PORT": "a rank of a multi-pod run: set by Kubernetes for the training (never by a job)",
+    SIM_SLOWDOWN_ENV: "a simulated GPU's fixed slowdown",
+    "CARBONFLOW_LR": "the built-in digits workload's learning rate",
+    "CARBONFLOW_THREADS_PER_CONTAINER": "the built-in digits workload's CPU threads per container",
+}
+"""The short named set a training needs to run Python and CUDA sensibly, passed on when the wrapper has it."""
+
+
+def training_base_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of ``environ`` (the wrapper's environment) a training may see: the allow-list, nothing else."""
+    allowed = TRAINING_ENV_BASE.keys() | TRAINING_ENV_RUNTIME.keys()
+    prefixes = tuple(TRAINING_ENV_PREFIXES)
+    return {k: v for k, v in environ.items() if k in allowed or k.startswith(prefixes)}
+
+
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_CONN_ID_CHARS = 250
+"""Airflow's limit on a connection id."""
+
+
+def check_env_from_connections(mapping: Mapping[str, str], env: Mapping[str, str]) -> None:
+    """Raise ValueError naming every bad entry of a job's ``env_from_connections`` (variable → connection id)."""
+    problems = []
+    for name, conn_id in sorted(mapping.items()):
+        if not ENV_NAME_RE.fullmatch(name):
+            problems.append(
+                f"env_from_connections.{name}: not a variable name; allowed: letters, digits and '_', not starting "
+                "with a digit"
+            )
+        elif name in env:
+            problems.append(f"env_from_connections.{name}: also set in env; give it in one of the two")
+        if not conn_id or len(conn_id) > MAX_CONN_ID_CHARS or conn_id.strip() != conn_id:
+            problems.append(
+                f"env_from_connections.{name}: connection id {conn_id!r} is not allowed; give an Airflow connection "
+                f"id of 1 to {MAX_CONN_ID_CHARS} characters without surrounding spaces"
+            )
+    if problems:
+        raise ValueError("; ".join(problems))
+    check_job_env(mapping, "env_from_connections")
+
+
+# --- what a wrapper inherits from its worker ------------------------------------------------------------
+CREDENTIAL_ENV_PREFIXES = ("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_", "MLFLOW_TRACKING_", "AWS_", "AZURE_",
+                           "GOOGLE_APPLICATION_CREDENTIALS")  # fmt: skip
+CREDENTIAL_ENV_MARKERS = ("PASSWORD", "TOKEN", "SECRET", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL",
+                          "DB_URL", "BROKER_URL", "SQL_ALCHEMY_CONN", "FERNET_KEY")  # fmt: skip
+"""A worker's variables that hold or lead to credentials (by prefix, or by a marker anywhere in the name)."""
+
+
+def holds_credentials(name: str) -> bool:
+    """Whether a worker's variable ``name`` holds, or points at, a credential (Airflow, MLflow, clouds, keys)."""
+    upper = name.upper()
+    return upper.startswith(CREDENTIAL_ENV_PREFIXES) or any(marker in upper for marker in CREDENTIAL_ENV_MARKERS)
+
+
+def without_credentials(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` less every variable that holds a credential: what a local wrapper starts with.
+
+    A training running as the wrapper's user could read the wrapper's ``/proc/<pid>/environ``; the wrapper
+    needs none of these (it never talks to Airflow, MLflow or a cloud), so it never has them."""
+    return {k: v for k, v in environ.items() if not holds_credentials(k)}

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from carbonflow.contract import check_job_env
+from carbonflow.contract import check_env_from_connections, check_job_env
 
 SignalKind = Literal["average-direct", "average-lifecycle", "marginal"]
 """What a carbon-intensity number means; never mix kinds in one comparison."""
@@ -275,6 +275,18 @@ class JobSpec(_InputModel):
         description="extra environment of the training (carbonflow's own variables refused); names of at most "
         f"{MAX_ENV_NAME_CHARS} characters, values of at most {MAX_ENV_VALUE_CHARS}",
     )
+    env_from_connections: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=MAX_ENV_ENTRIES,
+        description="secrets of the training: variable name → Airflow connection id, set to the connection's URI "
+        "when the task launches the training (never logged, never in XCom); no other secret reaches a training",
+    )
+
+    @field_validator("env_from_connections")
+    @classmethod
+    def _env_from_connections(cls, v: dict[str, str], info: Any) -> dict[str, str]:
+        check_env_from_connections(v, info.data.get("env") or {})
+        return v
 
     @field_validator("name")
     @classmethod

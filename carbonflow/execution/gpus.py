@@ -3,12 +3,15 @@
 ``lease_run_gpus`` leases the run's GPUs by UUID (:mod:`carbonflow.energy.lease`) — free ones, never
 "the first N" — and ``pinned_env`` pins the training to exactly those (``CUDA_VISIBLE_DEVICES`` by UUID,
 so no enumeration order can point it elsewhere). ``start_child`` starts the training in its own process
-group under a guard that takes the whole group down when the wrapper dies by any signal, even SIGKILL, and
-keeps the GPUs leased until it has.
+group under a guard (:mod:`carbonflow.execution.guard`) that takes every process the training started down
+when the training ends or the wrapper dies by any signal, even SIGKILL, and keeps the GPUs leased until it has.
+The guard starts clean (an isolated interpreter, an empty environment, ``/`` as its working directory); the
+training's environment reaches only the training, through a pipe.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,6 +25,8 @@ from carbonflow.energy.lease import GpuLeaseSet, acquire_gpus
 from carbonflow.execution.errors import GpuUnavailable
 
 DEFAULT_GPU_WAIT_S = 300.0
+GUARD_PATH = Path(__file__).with_name("guard.py")
+"""Run by path with ``-I``: the guard imports nothing of carbonflow and nothing from its working directory."""
 
 
 def gpu_wait_s() -> float:
@@ -83,31 +88,80 @@ def training_owner() -> tuple[int, int] | None:
 
 
 def drop_privileges_for_training(env: dict[str, str], writable: list[Path]) -> dict[str, str]:
-    """When the training runs as another user: give it ``writable`` (its run folder, output) and tell the guard;
-    the training's environment loses the zeusd socket path (the socket's mode keeps it out anyway)."""
+    """When the training runs as another user: give it ``writable`` (its run folder, output); the training's
+    environment loses the zeusd socket path (the socket's mode keeps it out anyway). :func:`start_child` then
+    starts it as that user."""
     owner = training_owner()
     if owner is None:
         return env
     for folder in writable:
         os.chown(folder, *owner)
-    env = {k: v for k, v in env.items() if k != ZEUSD_SOCK_ENV}
-    return {**env, "CARBONFLOW_GUARD_UID": str(owner[0]), "CARBONFLOW_GUARD_GID": str(owner[1])}
+    return {k: v for k, v in env.items() if k != ZEUSD_SOCK_ENV}
+
+
+class GuardedChild(subprocess.Popen[bytes]):
+    """The guard process of one training; :meth:`left_behind` once it has ended."""
+
+    report_fd: int = -1
+
+    def left_behind(self) -> int:
+        """How many processes the training left running that the guard killed (0: none, or it could not say).
+
+        Call once the guard has ended (it closes its end of the report pipe then)."""
+        if self.report_fd < 0:
+            return 0
+        chunks = []
+        try:
+            while chunk := os.read(self.report_fd, 4096):
+                chunks.append(chunk)
+        finally:
+            os.close(self.report_fd)
+            self.report_fd = -1
+        try:
+            return int(json.loads(b"".join(chunks) or b"{}").get("left_behind", 0))
+        except (ValueError, AttributeError):
+            return 0
 
 
 def start_child(
     command: list[str], env: dict[str, str], lease: GpuLeaseSet | None, cwd: str | None = None
-) -> subprocess.Popen[bytes]:
+) -> GuardedChild:
     """Start the training under its guard (:mod:`carbonflow.execution.guard`) as a new process group.
 
-    The guard dies with the wrapper and takes the whole group with it; it and the training hold the GPUs'
-    leases meanwhile. The training's exit status is the guard's (a signal death N as ``128 + N``).
+    The guard dies with the wrapper and takes every process of the training with it; it and the training hold
+    the GPUs' leases meanwhile. Only the training gets ``env`` and ``cwd`` (sent on a pipe); the guard runs
+    with an empty environment. The training's exit status is the guard's (a signal death N as ``128 + N``).
     """
     fds = tuple(lease.fds) if lease is not None else ()
-    guard_env = {**env, "CARBONFLOW_GUARD_FDS": ",".join(str(fd) for fd in fds)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "carbonflow.execution.guard", "--", *command],
-        env=guard_env,
-        start_new_session=True,
-        pass_fds=fds,
-        cwd=cwd,
-    )
+    owner = training_owner()
+    setup = {"env": env, "cwd": cwd, "fds": list(fds), "uid": owner[0] if owner else None,
+             "gid": owner[1] if owner else None}  # fmt: skip
+    setup_r, setup_w = os.pipe()
+    report_r, report_w = os.pipe()
+    try:
+        child = GuardedChild(
+            [sys.executable, "-I", str(GUARD_PATH), str(setup_r), str(report_w), "--", *command],
+            env={}, cwd="/", start_new_session=True, pass_fds=(*fds, setup_r, report_w),
+        )  # fmt: skip
+    except BaseException:
+        os.close(setup_w)
+        os.close(report_r)
+        raise
+    finally:
+        os.close(setup_r)
+        os.close(report_w)
+    child.report_fd = report_r
+    _send(setup_w, json.dumps(setup).encode("utf-8"))
+    return child
+
+
+def _send(fd: int, data: bytes) -> None:
+    """Write ``data`` to the guard's setup pipe and close it (a guard that died early reads nothing)."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BrokenPipeError:
+        pass
+    finally:
+        os.close(fd)

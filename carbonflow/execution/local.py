@@ -13,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+from carbonflow.contract import without_credentials
 from carbonflow.execution.backend import (
     RunHandle,
     RunOptions,
@@ -27,6 +28,10 @@ from carbonflow.execution.wrapper import WrappedRun
 from carbonflow.models import JobSpec, Plan
 
 log = logging.getLogger(__name__)
+
+WRAPPER_FLAGS = ("-s", "-P")
+"""The wrapper's interpreter ignores the user's site-packages and never puts its working directory on
+``sys.path`` (``-I`` without ``-E``: the worker's own ``PYTHONPATH``, the deployment's, still applies)."""
 
 
 def _raise_if_no_gpu(code: int, log_path: Path) -> None:
@@ -71,10 +76,10 @@ class LocalBackend:
         check_working_dir(spec)
         run_dir = self._fresh_dir(options.run_name)
         job_path, plan_path = run_dir / "job.json", run_dir / "plan.json"
-        job_path.write_text(spec.model_dump_json(indent=2), encoding="utf-8")
+        _write_private(job_path, spec.model_dump_json(indent=2))  # its env may hold a declared connection
         plan_path.write_text(plan.model_dump_json(indent=2), encoding="utf-8")
         wrapper = [
-            self.python, "-m", "carbonflow.cli", "run",
+            self.python, *WRAPPER_FLAGS, "-m", "carbonflow.cli", "run",
             "--job", str(job_path), "--plan", str(plan_path), "--result", str(run_dir / "result.json"),
             "--output-dir", str(run_dir / "output"), "--warmup-steps", str(options.warmup_steps),
             *self._options_args(options, run_dir), "--", *training_command(spec, plan.config, python=self.python),
@@ -95,9 +100,9 @@ class LocalBackend:
         if options.trace:
             update.update(trace_csv=str(run_dir / "power_trace.csv"), trace_interval_s=self.trace_interval_s)
         request = request.model_copy(update=update)
-        (run_dir / "shared.json").write_text(request.model_dump_json(indent=2), encoding="utf-8")
-        command = [self.python, "-m", "carbonflow.cli", "run-shared", "--request", str(run_dir / "shared.json"),
-                   "--result", str(run_dir / "result.json")]  # fmt: skip
+        _write_private(run_dir / "shared.json", request.model_dump_json(indent=2))
+        command = [self.python, *WRAPPER_FLAGS, "-m", "carbonflow.cli", "run-shared",
+                   "--request", str(run_dir / "shared.json"), "--result", str(run_dir / "result.json")]  # fmt: skip
         return self._launch(command, run_dir, "shared", [m.job.name for m in members])
 
     def poll(self, handle: RunHandle) -> RunStatus:
@@ -174,7 +179,8 @@ class LocalBackend:
 
     def _launch(self, command: list[str], run_dir: Path, kind: str, jobs: list[str]) -> RunHandle:
         with (run_dir / "training.log").open("wb") as log_file:
-            process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=dict(os.environ))
+            process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
+                                       env=without_credentials(os.environ))
         handle = RunHandle(
             backend=self.name, run_id=f"{run_dir.name}-{process.pid}-{uuid.uuid4().hex[:6]}", kind=kind, jobs=jobs,
             details={"run_dir": str(run_dir), "pid": str(process.pid), "host": os.uname().nodename},
@@ -205,6 +211,13 @@ def _pid_running(pid: int) -> bool:
             return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by this user only (a job file's env may hold a declared secret)."""
+    path.unlink(missing_ok=True)
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as handle:
+        handle.write(text)
 
 
 def _tail(log_path: Path) -> str:

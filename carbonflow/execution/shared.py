@@ -42,12 +42,13 @@ from carbonflow.energy.lease import GpuLeaseSet
 from carbonflow.energy.monitor import EnergyMonitor, Measurement, PowerSampler
 from carbonflow.energy.power_limit import applied_power_limit
 from carbonflow.execution.errors import GPU_UNAVAILABLE_EXIT, GpuUnavailable
-from carbonflow.execution.gpus import lease_run_gpus, pinned_env, start_child
+from carbonflow.execution.gpus import drop_privileges_for_training, lease_run_gpus, pinned_env, start_child
 from carbonflow.execution.wrapper import (
     POLL_S,
     RESULT_LINE_PREFIX,
     Terminated,
     WrappedRun,
+    _left_behind_note,
     _Progress,
     _stop_child,
     training_env,
@@ -278,6 +279,7 @@ def _run_shared_on(
                 tell_simulated_gpu()
                 for m in members:
                     env = pinned_env(_member_env(m, request, simulated), [gpu])
+                    env = drop_privileges_for_training(env, [workdir, m.dir, m.output_dir])
                     command = [w.replace("{output_dir}", str(m.output_dir)) for w in m.spec.command]
                     m.child = start_child(command, env, lease, cwd=m.spec.job.working_dir)
                     m.start_s, m.started_at = time.monotonic(), utcnow()
@@ -306,6 +308,8 @@ def _run_shared_on(
                         _stop_child(m.child)  # type: ignore[arg-type]
                         m.exit_code = m.child.returncode if m.child and m.child.returncode is not None else -15
                         m.duration_s, m.ended_at = time.monotonic() - m.start_s, utcnow()
+                for m in members:
+                    notes.extend(f"{m.spec.job.name}: {note}" for note in _left_behind_note(m.child))
                 last = active_set()
                 _close_together(members)
                 for m in members:

@@ -25,13 +25,20 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from carbonflow.contract import training_base_env
 from carbonflow.energy.discovery import discover_devices
 from carbonflow.energy.lease import GpuLeaseSet
 from carbonflow.energy.monitor import EnergyMonitor, PowerSampler
 from carbonflow.energy.power_limit import applied_power_limit
 from carbonflow.execution.commands import work_env
 from carbonflow.execution.errors import GPU_UNAVAILABLE_EXIT, GpuUnavailable
-from carbonflow.execution.gpus import drop_privileges_for_training, lease_run_gpus, pinned_env, start_child
+from carbonflow.execution.gpus import (
+    GuardedChild,
+    drop_privileges_for_training,
+    lease_run_gpus,
+    pinned_env,
+    start_child,
+)
 from carbonflow.models import Config, DeviceEnergy, JobSpec, Plan, UtcDatetime, utcnow
 from carbonflow.training import (
     MAX_STEPS_ENV,
@@ -205,12 +212,15 @@ def training_env(
     config: Config | None = None,
     profile: bool | None = None,
 ) -> dict[str, str]:
-    """The training child's environment: the job's own variables, then carbonflow's (which win).
+    """The training child's environment: an allow-list of the wrapper's, the job's own, then carbonflow's (which win).
 
-    carbonflow's are the training contract's files and the job's work (``CARBONFLOW_EPOCHS`` or
-    ``CARBONFLOW_STEPS``, ``CARBONFLOW_BATCH_SIZE``, ``CARBONFLOW_MODE`` = train | profile, ...).
+    Of the wrapper's environment only :func:`carbonflow.contract.training_base_env` passes (``PATH``, ``HOME``,
+    locale, ``TMPDIR`` and a short named runtime set): a worker's credentials never reach a training unless
+    the job declares them. carbonflow's are the training contract's files and the job's work
+    (``CARBONFLOW_EPOCHS`` or ``CARBONFLOW_STEPS``, ``CARBONFLOW_BATCH_SIZE``, ``CARBONFLOW_MODE`` = train |
+    profile, ...).
     """
-    env = dict(os.environ)
+    env = training_base_env(os.environ)
     env.update(spec.env)
     in_profile = profile if profile is not None else max_steps is not None
     env.update(work_env(spec, config or Config(), "profile" if in_profile else "train"))
@@ -389,6 +399,7 @@ def _run_on(
                 if child is not None and child.poll() is None:
                     _stop_child(child)
                     exit_code = child.returncode if child.returncode is not None else -signal.SIGTERM
+                notes.extend(_left_behind_note(child))
                 if sweep is not None and not sweep.done and (sweep.open_at is not None or not sweep.windows):
                     _close_at_exit(sweep, progress, monitor, notes)
                 total = monitor.end_window("run")
@@ -552,7 +563,8 @@ def _silent_too_long(progress: _Progress, start_s: float, timeout_s: float) -> b
 
 
 def _stop_child(child: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
-    """SIGTERM the child's process group, then SIGKILL after a grace period."""
+    """SIGTERM the child's process group; after a grace period the guard kills every process of the training
+    (SIGUSR1: its session-leaving descendants too), and SIGKILL of the group is the last resort."""
     try:
         os.killpg(child.pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -560,8 +572,18 @@ def _stop_child(child: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
     try:
         child.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
+        try:
+            os.kill(child.pid, signal.SIGUSR1)
+            child.wait(timeout=grace_s)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+
+
+def _left_behind_note(child: subprocess.Popen[bytes] | None) -> list[str]:
+    """The note a guard's sweep leaves: how many processes the training left running that it killed."""
+    left = child.left_behind() if isinstance(child, GuardedChild) and child.returncode is not None else 0
+    return [f"killed {left} process{'es' if left != 1 else ''} the training left behind"] if left else []
 
 
 def main_from_files(job_path: Path, plan_path: Path, result_path: Path, command: list[str], **kwargs: object) -> int:

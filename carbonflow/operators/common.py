@@ -7,7 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from carbonflow.models import JobSpec
 from carbonflow.session.source import CarbonSource, replay_enabled
+from carbonflow.session.state import WaitState
 from carbonflow.settings import home_dir
 
 log = logging.getLogger(__name__)
@@ -41,3 +43,33 @@ def tell(operator: Any, context: Any, messages: list[str]) -> None:
         operator.log.warning("carbonflow: %s", message)
         for callback in callbacks:
             callback(context, message)
+
+
+def with_connection_env(spec: JobSpec) -> JobSpec:
+    """``spec`` with each of its ``env_from_connections`` variables set to its Airflow connection's URI.
+
+    Called where an operator hands a job to a backend, and only there: the secret is read by the author's
+    definition at run time, reaches the training's environment (``env``) and nothing else — never the waiting
+    state, XCom, the task log or MLflow. A connection that cannot be read fails the task, naming it.
+    """
+    if not spec.env_from_connections:
+        return spec
+    from airflow.sdk import BaseHook
+
+    resolved: dict[str, str] = {}
+    for name, conn_id in spec.env_from_connections.items():
+        try:
+            resolved[name] = BaseHook.get_connection(conn_id).get_uri()
+        except Exception as err:  # Airflow raises its own not-found error types across versions
+            raise ValueError(
+                f"env_from_connections.{name}: Airflow connection {conn_id!r} of job {spec.name!r} cannot be read "
+                f"({type(err).__name__}); define it (Admin → Connections, or AIRFLOW_CONN_{conn_id.upper()})"
+            ) from None
+    return spec.model_copy(update={"env": {**spec.env, **resolved}})
+
+
+def state_with_connection_env(state: WaitState) -> WaitState:
+    """A waiting group whose jobs carry their declared connections (:func:`with_connection_env`): launch it,
+    never store it."""
+    members = [m.model_copy(update={"job": with_connection_env(m.job)}) for m in state.members]
+    return state.model_copy(update={"members": members})

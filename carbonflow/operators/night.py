@@ -21,7 +21,7 @@ from airflow.sdk import BaseOperator, task
 from carbonflow.energy.lease import safe_name
 from carbonflow.execution.backend import make_backend
 from carbonflow.models import JobSpec, Profile, parse_job, utcnow
-from carbonflow.operators.common import carbon_source, home
+from carbonflow.operators.common import carbon_source, home, with_connection_env
 from carbonflow.session.clock import DEFAULT_DEADLINE_TIME_UTC
 from carbonflow.session.run import planning_history
 from carbonflow.session.source import session_clock
@@ -138,7 +138,8 @@ class PairProfileOperator(BaseOperator):
                     self.log.warning("backend %r cannot run pair profiles; no co-location tonight", self.backend)
                     return []
             try:
-                pair = profile_pair(a, b, profiles[a.name], profiles[b.name], self._backend,
+                pair = profile_pair(with_connection_env(a), with_connection_env(b), profiles[a.name],
+                                    profiles[b.name], self._backend,
                                     profile_steps=self.profile_steps)  # fmt: skip
             except Exception as err:  # an unknown pair is simply never co-located
                 self.log.warning("pair profile of %s + %s failed (%s); they won't share a GPU", a.name, b.name, err)

@@ -10,7 +10,7 @@ from airflow.sdk import BaseOperator
 from carbonflow.energy.lease import safe_name
 from carbonflow.execution.backend import make_backend
 from carbonflow.models import JobSpec, Profile, parse_job, utcnow
-from carbonflow.operators.common import home
+from carbonflow.operators.common import home, with_connection_env
 
 
 class EnergyProfileOperator(BaseOperator):
@@ -72,8 +72,8 @@ class EnergyProfileOperator(BaseOperator):
             self.log.info("profiled %s (%d of at most %d configurations)", key, done, planned)
 
         profile = profile_job(
-            spec, self._backend, devices, samples_per_epoch=samples_per_epoch(spec), step_w=self.step_w,
-            on_progress=progress,
+            with_connection_env(spec), self._backend, devices, samples_per_epoch=samples_per_epoch(spec),
+            step_w=self.step_w, on_progress=progress,
         )  # fmt: skip
         self._log_profile(spec, profile)
         return profile.model_dump(mode="json")

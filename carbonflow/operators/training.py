@@ -18,7 +18,7 @@ from airflow.sdk import BaseOperator
 
 from carbonflow.energy.lease import safe_name
 from carbonflow.models import JobSpec, Profile, parse_job
-from carbonflow.operators.common import WarningCallback, carbon_source, home, tell
+from carbonflow.operators.common import WarningCallback, carbon_source, home, state_with_connection_env, tell
 from carbonflow.operators.triggers import CarbonWindowTrigger, KubernetesRunTrigger
 from carbonflow.session import CarbonSource, RunSession, SessionClock, WaitState
 from carbonflow.session.clock import DEFAULT_DEADLINE_TIME_UTC, next_deadline
@@ -215,7 +215,8 @@ class CarbonAwareTrainingOperator(BaseOperator):
 
     def _launch(self, context: Any, session: RunSession, state: WaitState, clock: SessionClock) -> Any:
         self._running = session
-        handles = session.start_deferred(state) if self.deferrable else None
+        launched = state_with_connection_env(state)  # the training's declared secrets: launched, never stored
+        handles = session.start_deferred(launched) if self.deferrable else None
         if handles:  # pods train: wait for them in the triggerer, not in a worker slot
             self.defer(
                 trigger=KubernetesRunTrigger([h.model_dump(mode="json") for h in handles], session.connection(),
@@ -223,7 +224,7 @@ class CarbonAwareTrainingOperator(BaseOperator):
                                              poll_s=self.pod_poll_s, backend_options=session.backend_options()),
                 method_name="execute_run_ended",
             )  # fmt: skip
-        return self._report(context, session.launch(state, clock))
+        return self._report(context, session.launch(launched, clock))
 
     def execute_run_ended(self, context: Any, event: dict[str, Any]) -> Any:
         """The pod (or Job) ended: collect its measurements here, on whichever worker resumed, and log them."""
