@@ -96,6 +96,55 @@ def short_http_timeouts(
                 os.environ.pop(key, None)
 
 
+def use_short_http_timeouts(
+    max_retries: int = HTTP_MAX_RETRIES, timeout_s: int = HTTP_TIMEOUT_S, backoff_factor: int = HTTP_BACKOFF_FACTOR
+) -> None:
+    """:func:`short_http_timeouts` for the whole process, set once at its start (values the user set win).
+
+    For a long-lived server (the Carbon page in Airflow's api-server): MLflow's client reads these settings
+    only from the environment, at each request, and a per-request change of ``os.environ`` races between the
+    server's threads (one request's ``finally`` removes what another is relying on).
+    """
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(max_retries))
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", str(backoff_factor))
+
+
+REDACTED = "***"
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s/@:]*):[^\s@/]*@")
+_SECRET_QUERY_KEYS = {"password", "passwd", "pwd", "token", "access_token", "secret", "key", "api_key", "apikey"}
+
+
+def redacted_uri(uri: str) -> str:
+    """``uri`` fit to show: a password becomes ``***`` (``user:***@host``), as do secret query parameters."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit
+
+    try:
+        parts = urlsplit(uri)
+        password = parts.password
+    except ValueError:  # not a URI urllib can read: scrub what looks like user:password@
+        return redacted_text(uri)
+    netloc = parts.netloc
+    if password is not None:
+        netloc = f"{parts.username or ''}:{REDACTED}@{netloc.rpartition('@')[2]}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(k.lower() in _SECRET_QUERY_KEYS for k, _ in pairs):
+            query = urlencode([(k, REDACTED if k.lower() in _SECRET_QUERY_KEYS else v) for k, v in pairs], safe="*")
+    if netloc == parts.netloc and query == parts.query:
+        return redacted_text(uri)
+    head = f"{parts.scheme}://" if "://" in uri else f"{parts.scheme}:"
+    tail = (f"?{query}" if query else "") + (f"#{parts.fragment}" if parts.fragment else "")
+    return redacted_text(f"{head}{netloc}{parts.path}{tail}")
+
+
+def redacted_text(text: str) -> str:
+    """``text`` (a log line, an error message) with the password of every ``scheme://user:password@`` in it
+    replaced by ``***``."""
+    return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}:{REDACTED}@", text)
+
+
 def server_reachable(uri: str, timeout_s: float = 3.0) -> tuple[bool, str]:
     """Probe an MLflow server's ``/health`` endpoint; local stores are always reachable."""
     if not is_server_uri(uri):

@@ -8,7 +8,10 @@ Every route goes through the app's dependencies (the plugin adds Airflow's login
 ``/docs``, ``/redoc`` or ``/openapi.json``. A user sees only the waiting jobs and runs of DAGs Airflow's
 auth manager lets them read (``readable_dags``); runs logged outside any DAG only by users who may read
 every DAG. A page load never waits on a live carbon provider for more than ``forecast_wait_s``: the
-forecast is served from a cache refreshed in the background.
+forecast is served from a cache refreshed in the background, keyed on the region as the region table names
+it and bounded. The tracking URI is shown with its password replaced by ``***`` (as is any URL in an error).
+MLflow's HTTP timeouts are set once when the app is made (MLflow reads them from the environment), never per
+request.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 
+from carbonflow.tracking.uri import redacted_text, redacted_uri
 from carbonflow.units import format_energy_j
 from carbonflow.web.chart import forecast_svg
 from carbonflow.web.data import (
@@ -117,7 +121,7 @@ def render_page(data: PageData, static_prefix: str = "static") -> str:
         fc_line += f'<p class="notes">{escape(notes)}</p>' if notes else ""
     else:
         fc_line = '<p class="sub error">No forecast.</p>'
-    errors = "".join(f'<p class="error">{escape(e)}</p>' for e in data.errors)
+    errors = "".join(f'<p class="error">{escape(redacted_text(e))}</p>' for e in data.errors)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>carbonflow · Carbon</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -132,8 +136,8 @@ def render_page(data: PageData, static_prefix: str = "static") -> str:
 <h2>Waiting jobs</h2>
 {_upcoming_table(data.upcoming)}
 <h2>Latest runs</h2>
-<p class="sub">From MLflow at <code>{escape(data.tracking_uri)}</code>. Energy labels say how each figure was
-obtained (measured / estimated / simulated); replay marks carbon data replayed from recorded grids.</p>
+<p class="sub">From MLflow at <code>{escape(redacted_uri(data.tracking_uri))}</code>. Energy labels say how each
+figure was obtained (measured / estimated / simulated); replay marks carbon data replayed from recorded grids.</p>
 {_runs_table(data.runs)}
 </body></html>"""
 
@@ -150,8 +154,9 @@ def create_app(
     """Build the app. ``upcoming_source`` lists waiting jobs (the plugin reads Airflow's deferred tasks);
     ``dependencies`` guard every route (the plugin adds Airflow's authentication); ``readable_dags`` is a
     FastAPI dependency saying which DAGs the user may read (the plugin asks Airflow's auth manager)."""
-    from carbonflow.tracking.uri import resolve_tracking_uri
+    from carbonflow.tracking.uri import resolve_tracking_uri, use_short_http_timeouts
 
+    use_short_http_timeouts()  # once, for the process: a request never changes os.environ
     app = FastAPI(title="carbonflow", dependencies=dependencies or [], docs_url=None, redoc_url=None,
                   openapi_url=None)  # fmt: skip
     forecasts = ForecastCache(page_forecast, wait_s=forecast_wait_s)
@@ -170,26 +175,27 @@ def create_app(
             try:
                 upcoming = [j for j in upcoming_source() if readable.allows(j.dag_id)]
             except Exception as exc:
-                log.warning("cannot list waiting jobs: %s", exc)
-                errors.append(f"Waiting jobs unavailable: {type(exc).__name__}: {exc}")
+                log.warning("cannot list waiting jobs: %s", redacted_text(str(exc)))
+                errors.append(f"Waiting jobs unavailable: {type(exc).__name__}: {redacted_text(str(exc))}")
         try:
             forecast = forecasts.get(upcoming, region)
         except ValueError:
             raise
         except Exception as exc:
-            log.warning("cannot get a forecast: %s", exc)
-            errors.append(f"Forecast unavailable: {type(exc).__name__}: {exc}")
+            log.warning("cannot get a forecast: %s", redacted_text(str(exc)))
+            errors.append(f"Forecast unavailable: {type(exc).__name__}: {redacted_text(str(exc))}")
             forecast = None
         try:
             runs = [r for r in latest_runs(uri, limit, readable) if readable.allows(r.dag_id)]
         except Exception as exc:
-            log.warning("cannot read MLflow at %s: %s", uri, exc)
-            errors.append(f"MLflow unavailable at {uri}: {type(exc).__name__}: {exc}")
+            shown, why = redacted_uri(uri), redacted_text(str(exc))
+            log.warning("cannot read MLflow at %s: %s", shown, why)
+            errors.append(f"MLflow unavailable at {shown}: {type(exc).__name__}: {why}")
             runs = []
-        return PageData(forecast=forecast, upcoming=upcoming, runs=runs, tracking_uri=uri, errors=errors)
+        return PageData(forecast=forecast, upcoming=upcoming, runs=runs, tracking_uri=redacted_uri(uri), errors=errors)
 
     def _bad_request(exc: ValueError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=400)
+        return JSONResponse({"detail": redacted_text(str(exc))}, status_code=400)
 
     @app.get("/carbon", response_class=HTMLResponse)
     def carbon_page(

@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -77,6 +78,14 @@ class ReadableDags:
         return self.all_dags or (bool(dag_id) and dag_id in self.dag_ids)
 
 
+def page_region(region: str | None) -> str:
+    """``region`` (None: ``$CARBONFLOW_UI_REGION``, else GB) as the region table names it: ``GB``, ``gb`` and
+    ``GB `` are one region; ValueError names the value and what is allowed."""
+    from carbonflow.carbon.regions import resolve_region
+
+    return resolve_region(region if region is not None else os.environ.get(UI_REGION_ENV, "GB")).name
+
+
 class ForecastCache:
     """The page's forecast per region, fetched in the background: a page load waits at most ``wait_s``.
 
@@ -84,57 +93,85 @@ class ForecastCache:
     runs in a background thread. With nothing cached the load waits up to ``wait_s`` for the first fetch,
     then renders without a forecast (and says it is being fetched). A forecast a waiting job planned on is
     used directly (it costs nothing to fetch).
+
+    Keyed on the region as the region table names it (:func:`page_region`: an unknown region is refused
+    before anything is cached or fetched), and bounded: at most ``max_regions`` forecasts (the least
+    recently used goes first) and as many fetches running at once.
     """
 
-    def __init__(self, fetch: Callable[..., Forecast], wait_s: float = 2.0, ttl_s: float = 900.0) -> None:
-        self.fetch, self.wait_s, self.ttl_s = fetch, wait_s, ttl_s
+    def __init__(
+        self, fetch: Callable[..., Forecast], wait_s: float = 2.0, ttl_s: float = 900.0, max_regions: int = 64
+    ) -> None:
+        if max_regions < 1:
+            raise ValueError(f"max_regions={max_regions} is not allowed; it must be >= 1")
+        self.fetch, self.wait_s, self.ttl_s, self.max_regions = fetch, wait_s, ttl_s, max_regions
         self._lock = threading.Lock()
-        self._cached: dict[str | None, tuple[float, Forecast]] = {}
-        self._running: dict[str | None, threading.Thread] = {}
-        self._errors: dict[str | None, Exception] = {}
+        self._cached: OrderedDict[str, tuple[float, Forecast]] = OrderedDict()
+        self._running: dict[str, threading.Thread] = {}
+        self._errors: dict[str, Exception] = {}
 
     def get(self, upcoming: list[UpcomingJob], region: str | None) -> Forecast | None:
-        planned = [j for j in upcoming if j.forecast is not None and (region is None or j.plan.region == region)]
+        key = page_region(region)
+        asked = None if region is None else key
+        planned = [j for j in upcoming if j.forecast is not None and (asked is None or j.plan.region == asked)]
         if planned:
-            return self.fetch(upcoming, region)
+            return self.fetch(upcoming, asked)
         with self._lock:
-            hit = self._cached.get(region)
+            hit = self._cached.get(key)
+            if hit is not None:
+                self._cached.move_to_end(key)
             fresh = hit is not None and time.monotonic() - hit[0] < self.ttl_s
-            thread = None if fresh else self._start(region)
+            thread = None if fresh else self._start(key)
         if hit is not None:
             return hit[1]
         if thread is not None:
             thread.join(self.wait_s)
         with self._lock:
-            error = self._errors.pop(region, None)
-            hit = self._cached.get(region)
+            error = self._errors.pop(key, None)
+            hit = self._cached.get(key)
         if error is not None and hit is None:
             raise error
         return hit[1] if hit else None
 
     def pending(self, region: str | None) -> bool:
-        thread = self._running.get(region)
+        try:
+            key = page_region(region)
+        except ValueError:
+            return False
+        thread = self._running.get(key)
         return thread is not None and thread.is_alive()
 
-    def _start(self, region: str | None) -> threading.Thread:
-        running = self._running.get(region)
+    def _start(self, key: str) -> threading.Thread | None:
+        """A fetch of ``key`` (already running, or new); None when ``max_regions`` fetches are running."""
+        running = self._running.get(key)
         if running is not None and running.is_alive():
             return running
-        thread = threading.Thread(target=self._refresh, args=(region,), daemon=True, name=f"forecast-{region}")
-        self._running[region] = thread
+        if len(self._running) >= self.max_regions:
+            log.warning("forecast fetch for %s not started: %d fetches are running", key, len(self._running))
+            return None
+        thread = threading.Thread(target=self._refresh, args=(key,), daemon=True, name=f"forecast-{key}")
+        self._running[key] = thread
         thread.start()
         return thread
 
-    def _refresh(self, region: str | None) -> None:
+    def _refresh(self, key: str) -> None:
         try:
-            forecast = self.fetch([], region)
+            forecast = self.fetch([], key)
         except Exception as exc:  # shown on the next load; the cached forecast (if any) stays
-            log.warning("forecast refresh for %s failed: %s", region, exc)
+            log.warning("forecast refresh for %s failed: %s", key, exc)
             with self._lock:
-                self._errors[region] = exc
+                self._errors[key] = exc
+                while len(self._errors) > self.max_regions:
+                    self._errors.pop(next(iter(self._errors)))
+                self._running.pop(key, None)
             return
         with self._lock:
-            self._cached[region] = (time.monotonic(), forecast)
+            self._cached[key] = (time.monotonic(), forecast)
+            self._cached.move_to_end(key)
+            while len(self._cached) > self.max_regions:
+                evicted, _ = self._cached.popitem(last=False)
+                self._errors.pop(evicted, None)
+            self._running.pop(key, None)
 
 
 @dataclass
@@ -167,24 +204,24 @@ def latest_runs(tracking_uri: str | None = None, limit: int = 20, readable: Read
     """The ``limit`` newest training runs across all ``carbonflow/<job>`` experiments, newest first.
 
     With ``readable``, only runs of DAGs the user may read (more rows are read so that ``limit`` remain).
+    MLflow's HTTP timeouts are the process's (the page's app sets short ones once, at its start).
     """
     from carbonflow.tracking.store import client_for, tag_filter
-    from carbonflow.tracking.uri import resolve_tracking_uri, short_http_timeouts
+    from carbonflow.tracking.uri import resolve_tracking_uri
 
     if limit < 1:
         raise ValueError(f"limit={limit} is not allowed; it must be >= 1")
     uri = resolve_tracking_uri(tracking_uri)
-    with short_http_timeouts():
-        client = client_for(uri)
-        experiments = client.search_experiments(filter_string=f"name LIKE '{schema.EXPERIMENT_PREFIX}%'")
-        if not experiments:
-            return []
-        runs = client.search_runs(
-            [e.experiment_id for e in experiments],
-            filter_string=tag_filter(schema.T_KIND, schema.KIND_TRAINING),
-            max_results=limit if readable is None or readable.all_dags else min(10 * limit, 1000),
-            order_by=["attributes.start_time DESC"],
-        )
+    client = client_for(uri)
+    experiments = client.search_experiments(filter_string=f"name LIKE '{schema.EXPERIMENT_PREFIX}%'")
+    if not experiments:
+        return []
+    runs = client.search_runs(
+        [e.experiment_id for e in experiments],
+        filter_string=tag_filter(schema.T_KIND, schema.KIND_TRAINING),
+        max_results=limit if readable is None or readable.all_dags else min(10 * limit, 1000),
+        order_by=["attributes.start_time DESC"],
+    )
     rows = []
     for run in runs:
         m, p, t = run.data.metrics, run.data.params, run.data.tags
