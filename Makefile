@@ -7,7 +7,7 @@ EXTRAS ?= train,test,docs,hf,lightning
 comma := ,
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt 2>/dev/null | sha1sum | cut -c1-12)-$(subst $(comma),_,$(EXTRAS))
 
-.PHONY: install system-deps demo test docs e2e e2e-distributed bench lint serve stop clean constraints
+.PHONY: install system-deps demo test docs e2e e2e-distributed bench device-wheels lint serve stop clean constraints
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,9 @@ bench:  ## every benchmark in benchmarks/ (results in benchmarks/results/)
 
 lint: install
 	@$(BIN)/ruff check . && $(BIN)/ruff format --check carbonflow dags tests benchmarks
+
+device-wheels:  ## wheels a GPU machine without network needs for benchmarks/gpu_check.py, into .whl/ (docs/gpu-check.md)
+	@bash scripts/device-wheels.sh .whl
 
 serve: install  ## start Airflow (api-server, scheduler, dag-processor, triggerer) and an MLflow server
 	@bash scripts/serve.sh

@@ -9,9 +9,9 @@
 #
 #   bash scripts/device-wheels.sh [DIR]      (default DIR: .whl, git-ignored; `make device-wheels`)
 #
-# On the GPU machine, from the repository root:
-#   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site DIR/*.whl
-#   export PYTHONPATH=/tmp/site
+# On the GPU machine, from the repository root, into the interpreter's own environment (not a PYTHONPATH: the
+# wrapper gives a training only an allow-list of its environment):
+#   python3 -m pip install -q --no-index --no-deps --no-compile --root-user-action=ignore DIR/*.whl
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR="${1:-.whl}"
