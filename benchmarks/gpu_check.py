@@ -503,7 +503,10 @@ def training_identity(gpu: Any, marker: dict[str, Any], wrapper_pid: int) -> dic
 # --- 1. energy truth ----------------------------------------------------------------------------------------
 
 
-def _thread_cpu_s(thread: threading.Thread) -> float:
+def _thread_cpu_s(thread: threading.Thread | None) -> float:
+    """The sampler thread's CPU clock (s); without the thread, the whole process's (an upper bound)."""
+    if thread is None or thread.ident is None:
+        return time.process_time()
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
@@ -529,9 +532,12 @@ def _sleep_watching(proc: subprocess.Popen, seconds: float, name: str) -> None:
 def energy_truth(node: Node, args: argparse.Namespace, gpu: Any, phases_s: dict[str, float], out_dir: Path) -> dict:
     """Per-phase windows vs the counter, the wrapper's run vs the counter, polled samplers, sampler overhead."""
     from carbonflow.energy.monitor import EnergyMonitor, PowerSampler
+    from carbonflow.energy.nvml import _as_str
 
     nv = _pynvml_module()
-    handle = nv.nvmlDeviceGetHandleByUUID(gpu.id)
+    handle = nv.nvmlDeviceGetHandleByIndex(gpu.index)  # NvmlGpu.index is the NVML (host) index
+    if _as_str(nv.nvmlDeviceGetUUID(handle)) != gpu.id:
+        raise CheckError(f"NVML index {gpu.index} is not GPU {gpu.id}: the counter cannot be read beside carbonflow")
 
     def counter_j() -> float:
         return nv.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0
@@ -541,7 +547,7 @@ def energy_truth(node: Node, args: argparse.Namespace, gpu: Any, phases_s: dict[
     set_phase(node, name, "warmup")
     monitor = EnergyMonitor([gpu])
     sampler = PowerSampler([gpu], TRACE_INTERVAL_S, trace).start()
-    thread = next(t for t in threading.enumerate() if t.name == SAMPLER_THREAD)
+    thread = next((t for t in threading.enumerate() if t.name == SAMPLER_THREAD), None)
     wall0, cpu0 = time.perf_counter(), _thread_cpu_s(thread)
     try:
         proc = start_wrapper(node, name, None, training_command(node, args, name, sum(phases_s.values()) + 300))
@@ -579,7 +585,8 @@ def energy_truth(node: Node, args: argparse.Namespace, gpu: Any, phases_s: dict[
         "sampler": {"interval_s": TRACE_INTERVAL_S, "samples": sampler.samples, "thread_cpu_s": cpu_s,
                     "wall_s": wall_s, "cpu_fraction": cpu_s / wall_s if wall_s > 0 else None,
                     "cpu_ms_per_sample": 1000 * cpu_s / sampler.samples if sampler.samples else None,
-                    "errors": sampler.errors, "trace_csv": trace.name},
+                    "errors": sampler.errors, "trace_csv": trace.name,
+                    "cpu_clock": "sampler thread" if thread is not None else "whole process (thread not found)"},
     }  # fmt: skip
 
 
