@@ -453,7 +453,7 @@ def locked_clock(gpu: Gpu, workload: dict[str, Any], args: argparse.Namespace) -
             return {"measured": False, "why": str(exc)}
         gpu.nv.nvmlDeviceSetGpuLockedClocks(gpu.handle, mhz, mhz)
         try:
-            w = measure_window(gpu, [training], args.warmup_s, args.steady_s)
+            w = measure_window(gpu, [training], args.warmup_s, args.pair_steady_s)
         finally:
             gpu.nv.nvmlDeviceResetGpuLockedClocks(gpu.handle)
     except gpu.nv.NVMLError as exc:
@@ -584,7 +584,7 @@ def run_together(gpu: Gpu, names: list[str], args: argparse.Namespace, env: dict
     try:
         for t in trainings:
             t.wait_started(args.start_timeout_s)
-        return measure_window(gpu, trainings, args.warmup_s, args.steady_s)
+        return measure_window(gpu, trainings, args.warmup_s, args.pair_steady_s)
     finally:
         for t in trainings:
             t.stop()
@@ -726,6 +726,7 @@ class Budget:
     warmup_s: float
     steady_s: float
     start_s: float
+    pair_steady_s: float = 10.0
     started: float = field(default_factory=time.monotonic)
 
     def left_s(self) -> float:
@@ -741,7 +742,8 @@ class Budget:
         return len(WORKLOADS) * (self.start_s + limits * self.window_s())
 
     def pair_s(self, runs: int) -> float:
-        return runs * (self.start_s + self.window_s())
+        """``runs`` trainings started one after another, each measured once over --pair-steady-s."""
+        return runs * (self.start_s + self.warmup_s + self.pair_steady_s + 0.5)
 
 
 def write_trace(path: Path, result: dict[str, Any]) -> None:
@@ -825,8 +827,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"--limits={args.limits} is not allowed; the sweep needs at least 5 power limits")
     if not args.fake and args.steady_s < MIN_STEADY_S_HARDWARE:
         raise SystemExit(f"--steady-s={args.steady_s:g} is not allowed on hardware; use >= {MIN_STEADY_S_HARDWARE:g} s")
-    for flag, value, low in (("--steady-s", args.steady_s, 0.0), ("--budget-s", args.budget_s, 0.0)):
-        if not value > low:
+    for flag, value in (("--steady-s", args.steady_s), ("--pair-steady-s", args.pair_steady_s),
+                        ("--budget-s", args.budget_s)):  # fmt: skip
+        if not value > 0:
             raise SystemExit(f"{flag}={value:g} is not allowed; it must be > 0 seconds")
     if args.warmup_s < 0:
         raise SystemExit(f"--warmup-s={args.warmup_s:g} is not allowed; it must be >= 0 seconds")
@@ -862,10 +865,15 @@ def planner_phase(gpu: Gpu, args: argparse.Namespace, result: dict[str, Any], li
     return profiles
 
 
+def required_s(budget: Budget, args: argparse.Namespace, limits: int) -> float:
+    """Seconds the required phases are budgeted: the sweep, both profiles, the pair (solo runs may reuse the sweep)."""
+    return budget.sweep_s(limits) + len(WORKLOADS) * args.profile_budget_s + budget.pair_s(1)
+
+
 def phases(gpu: Gpu, args: argparse.Namespace, budget: Budget, result: dict[str, Any]) -> None:
     """Sweep, planner's view and pair (sized to fit --budget-s up front); the locked clock if time is left."""
     limits = sweep_limits_w(gpu, args.limits)
-    need = budget.sweep_s(len(limits)) + len(WORKLOADS) * args.profile_budget_s + budget.pair_s(1)
+    need = required_s(budget, args, len(limits))
     if not budget.allows(need):
         raise SystemExit(f"--budget-s={args.budget_s:g} is too short: the sweep, profiles and pair need ~{need:.0f} s")
     timed = result.setdefault("phase_s", {})
@@ -888,7 +896,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     args.workdir = Path(tempfile.mkdtemp(prefix="gpu-sweep-"))
     if args.fake:
         os.environ.update(fake_node(args.workdir))
-    budget = Budget(args.budget_s, args.warmup_s, args.steady_s, args.start_s)
+    budget = Budget(args.budget_s, args.warmup_s, args.steady_s, args.start_s, args.pair_steady_s)
     gpu = Gpu.open(args.fake)
     label = "fake" if args.fake else "measured"
     result: dict[str, Any] = {
@@ -925,6 +933,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=450.0, help="whole run's wall-clock budget (s)")
     p.add_argument("--limits", type=int, default=5, help="power limits in the sweep (>= 5)")
     p.add_argument("--steady-s", type=float, default=20.0, help="measured seconds per limit (>= 20 on hardware)")
+    p.add_argument("--pair-steady-s", type=float, default=10.0, help="measured seconds of the pair, solo, clock runs")
     p.add_argument("--warmup-s", type=float, default=3.0, help="settling seconds after each limit change")
     p.add_argument("--start-s", type=float, default=15.0, help="budgeted seconds for one training's start")
     p.add_argument("--start-timeout-s", type=float, default=120.0)

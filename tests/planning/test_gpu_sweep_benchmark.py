@@ -21,8 +21,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks" / "gpu_sweep.py"
 FAST_FAKE = [
-    "--fake", "--steady-s", "0.8", "--warmup-s", "0.2", "--start-s", "3", "--profile-steps", "8",
-    "--profile-warmup-steps", "2", "--profile-min-window-s", "0.2", "--profile-budget-s", "8", "--budget-s", "80",
+    "--fake", "--steady-s", "0.8", "--pair-steady-s", "0.8", "--warmup-s", "0.2", "--start-s", "3",
+    "--profile-steps", "8", "--profile-warmup-steps", "2", "--profile-min-window-s", "0.2", "--profile-budget-s", "8",
+    "--budget-s", "80",
 ]  # fmt: skip
 
 
@@ -143,6 +144,7 @@ def test_hardware_run_refuses_without_change_gpu_settings():
         (["--fake", "--out", "x.json", "--limits", "4"], "--limits=4 is not allowed"),
         (["--fake", "--out", "x.json", "--warmup-s", "-1"], "--warmup-s=-1 is not allowed"),
         (["--fake", "--out", "x.json", "--budget-s", "0"], "--budget-s=0 is not allowed"),
+        (["--fake", "--out", "x.json", "--pair-steady-s", "0"], "--pair-steady-s=0 is not allowed"),
     ],
 )
 def test_bad_flags_are_refused_naming_the_value(argv, message):
@@ -165,6 +167,19 @@ def test_no_gpu_here_writes_nothing_and_says_why(monkeypatch, capsys):
     monkeypatch.setattr(bench, "run", lambda args: pytest.fail("nothing may be measured without a GPU"))
     assert bench.main([]) == 0
     assert "no GPU here (NVML unavailable: test)" in capsys.readouterr().out
+
+
+DEVICE_ARGS = ["--change-gpu-settings", "--budget-s", "440"]
+"""The device command's flags (docs/energy.md, "Measured on a real GPU")."""
+
+
+def test_device_command_budget_holds_the_required_phases_at_20_s_per_limit():
+    bench = _bench()
+    args = bench.parse(DEVICE_ARGS)
+    bench.check_args(args)
+    budget = bench.Budget(args.budget_s, args.warmup_s, args.steady_s, args.start_s, args.pair_steady_s)
+    assert args.steady_s >= 20 and args.limits >= 5
+    assert bench.required_s(budget, args, args.limits) <= args.budget_s < 8 * 60 - 20
 
 
 def test_sweep_limits_span_the_gpu_range_highest_first():
@@ -257,3 +272,43 @@ def test_resnet50_config_builds_and_steps_on_a_small_batch():
     step()
     assert batch == 2
     assert any(not (a == b).all() for a, b in zip(step.model.parameters(), before, strict=True))
+
+
+class _Sample:
+    def __init__(self, pid: int, sm_util: float) -> None:
+        self.pid, self.smUtil = pid, sm_util
+
+
+class _StubNvml:
+    """Only what Gpu.process_sm_util calls: per-process samples, or NVML's NOT_FOUND when there are none."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, samples: list[_Sample] | None) -> None:
+        self.samples = samples
+
+    def nvmlDeviceGetProcessUtilization(self, handle, since_us):
+        if self.samples is None:
+            raise self.NVMLError("Not Found")
+        return self.samples
+
+
+def test_process_sm_util_sums_samples_per_process_and_none_is_empty():
+    bench = _bench()
+    gpu = bench.Gpu(
+        dev=None, nv=_StubNvml([_Sample(7, 30.0), _Sample(8, 10.0), _Sample(7, 20.0)]), handle=0, fake=False
+    )
+    assert gpu.process_sm_util(0) == {7: 50.0, 8: 10.0}
+    assert bench.Gpu(dev=None, nv=_StubNvml(None), handle=0, fake=False).process_sm_util(0) == {}
+
+
+@pytest.mark.slow
+def test_trace_readme_states_provenance_and_licence(fake_run, tmp_path):
+    result, _, _ = fake_run
+    bench = _bench()
+    trace = tmp_path / "trace.csv"
+    bench.write_trace_readme(trace, result)
+    text = (tmp_path / "README.md").read_text()
+    for needed in (result["gpu"]["name"], result["gpu"]["driver"], result["date"], "Apache-2.0", "issue #27"):
+        assert needed in text
