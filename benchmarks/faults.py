@@ -5,25 +5,44 @@ Each injection runs the real ``carbonflow run`` wrapper (and ``python -m carbonf
 restore``) on a **fake** NVML node — tests/energy/fake_pynvml, several GPUs with UUIDs, per-process
 privilege — with a **fake** zeusd acting on the same driver state (tests/fakes). Node size, power limits
 and the moment of each fault are drawn at random (``--seed``). After each fault the node is left as
-production would leave it: the next run on the GPU, or the restore command a node agent runs.
+production would leave it, and **only what a node runs repairs it**: the next wrapper on the GPU, the node
+agent's ``python -m carbonflow.energy.power_limit restore``, or on Kubernetes the restore pod (or the command
+the run's error names) — after a wrapper SIGKILL one of them, drawn at random, never both and never a repair
+function called by this harness.
 
 Counted per injection:
 
 * ``power_limits_left_lowered`` — GPUs not back at the limit they had before carbonflow touched them;
-* ``gpus_double_booked`` — two trainings alive on one GPU at the same time;
+* ``gpus_double_booked`` — pairs of trainings (of different runs or co-location groups) alive on one GPU at
+  the same time, from the spans and heartbeats the trainings write; measured in the kinds listed under
+  ``double_booking_measured_in``: racing wrappers sharing one lease folder, racing wrappers of separate
+  ``CARBONFLOW_HOME``s with the default lease settings (``CARBONFLOW_NODE_DIR``: one temporary folder per
+  simulated node), a rank that left the training's session (forked, or started torchrun-like) outliving a
+  SIGKILLed wrapper while the retry trains, and two Kubernetes co-located pairs on one time-sliced GPU;
 * ``runs_lost`` — a run the fault did not target that ended without its result;
-* ``runs_duplicated`` — a training still alive when its retry started, or a run logged to MLflow twice.
+* ``runs_duplicated`` — a training still alive when its retry started, a retry that trained again, or a run
+  logged to MLflow twice.
 
 The run-record kinds log a training run the way the session does (``log_training_run`` with the Airflow
-run's idempotency key) while MLflow refuses connections or hangs, after the worker that trained is gone
-(the record delivered from XCom), on a task retry and on a cleared DAG run, into one real MLflow store
-(SQLite, shared by the injections): a run that never arrives is lost, one that arrives twice is duplicated.
+run's idempotency key) while MLflow refuses connections or hangs (then the spool is replayed with
+``replay_spool``, what ``carbonflow spool replay`` runs, into the store that stands for the recovered server),
+after the worker that trained is gone (the record delivered from XCom with ``deliver_held``, what the delivery
+task runs), on a task retry (the session's ``already_logged`` decides whether the retry trains again) and on
+a DAG run cleared with Airflow's own clear and run again (benchmarks/faults_cleared_dag.py), into one real
+MLflow store (SQLite, shared by the injections): a run that never arrives is lost, one trained or logged twice
+is duplicated.
 
-Run: ``python benchmarks/faults.py [--per-kind 20] [--seed 0]`` → benchmarks/results/faults.json.
-A test runs ``--per-kind 1`` of every kind and checks that a deliberately broken restore, delivery or
-restore pod is caught. The Kubernetes kinds run the **fake** Kubernetes API (tests/kubernetes: pods terminate
-over their grace period) on a **fake** GPU node whose training pods run the real wrapper on a random host GPU
-(seen as GPU 0 in the pod) and whose restore pods run the real restore script and command through the fake zeusd.
+The report also gives ``faults_injected``, ``distinct_paths`` (distinct kind × variant pairs exercised, defined
+in the report), ``ran_as_root`` (the journal attacks by the pod's own user need root) and, per counter, the
+kinds where it rose above 0.
+
+Run: ``python benchmarks/faults.py [--per-kind 20] [--seed 0] [--kinds ...] [--sample N]`` →
+benchmarks/results/faults.json. tests/energy/test_faults_benchmark.py runs small samples and, for each counter,
+breaks the guarantee it measures (a lease that always succeeds, a restore that does nothing, a dropped spool
+write, a broken ``completed_run``, a key blind to the clear number) to show the counter rises above 0. The
+Kubernetes kinds run the **fake** Kubernetes API (tests/kubernetes: pods terminate over their grace period) on a
+**fake** GPU node whose training pods run the real wrapper on a random host GPU (seen as GPU 0 in the pod) and
+whose restore pods run the real restore script and command through the fake zeusd.
 """
 
 from __future__ import annotations
@@ -34,6 +53,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,11 +63,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from tests.fakes.fake_zeusd import serve_fake_zeusd  # noqa: E402
 from tests.fakes.node import FakeNode, alive, started, training, wait_for  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
+
+
+COUNTERS = ("power_limits_left_lowered", "gpus_double_booked", "runs_lost", "runs_duplicated")
 
 
 @dataclass
@@ -56,9 +80,13 @@ class FaultOutcome:
     gpus_double_booked: int = 0
     runs_lost: int = 0
     runs_duplicated: int = 0
+    variant: str = ""  # the branch this injection took (see DISTINCT_PATHS); "" for a kind with one path
+
+    def counts(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in COUNTERS}
 
     def add(self, other: FaultOutcome) -> None:
-        for name, value in asdict(other).items():
+        for name, value in other.counts().items():
             setattr(self, name, getattr(self, name) + value)
 
 
@@ -88,13 +116,25 @@ def _signal_wrapper(sig: int) -> Callable[[random.Random, Path], FaultOutcome]:
             wait_for(lambda: not alive(child), timeout_s=15)
         out = FaultOutcome(runs_duplicated=int(alive(child)))
         _kill_all(child)
-        if sig == signal.SIGKILL:  # uncatchable: the next run on the GPU, or the node agent's restore, repairs it
-            node.finish(node.wrapper("next", None, ["true"]))
-            node.restore_cli()
+        if sig == signal.SIGKILL:  # uncatchable: ONE of what a node runs next repairs it, never the harness
+            out.variant = rng.choice(REPAIRS_AFTER_SIGKILL)
+            _node_repairs(node, out.variant)
         out.power_limits_left_lowered = node.lowered()
         return out
 
     return inject
+
+
+REPAIRS_AFTER_SIGKILL = ("next_wrapper_on_the_gpu", "restore_cli_of_the_node_agent")
+
+
+def _node_repairs(node: FakeNode, how: str) -> None:
+    """What a node runs after a wrapper died by SIGKILL: the next ``carbonflow run`` (asking for no limit), or
+    the node agent's ``python -m carbonflow.energy.power_limit restore`` — each alone, so each is measured."""
+    if how == "next_wrapper_on_the_gpu":
+        node.finish(node.wrapper("next", None, ["true"]))
+    else:
+        node.restore_cli()
 
 
 def _signal_child(sig: int, grandchild: bool = False) -> Callable[[random.Random, Path], FaultOutcome]:
@@ -130,11 +170,39 @@ def wrapper_sigkill_with_grandchild(rng: random.Random, root: Path) -> FaultOutc
 
 
 def two_wrappers_racing(rng: random.Random, root: Path) -> FaultOutcome:
-    """Two runs started together on a node with fewer free GPUs than runs: none may share a GPU."""
+    """Runs started together on a node with fewer free GPUs than runs (one lease folder): none may share a GPU."""
     node = FakeNode(root, gpus=rng.randint(1, 2))
+    return _race(rng, node, root, homes=False)
+
+
+class DefaultLeaseNode(FakeNode):
+    """A node whose wrappers keep carbonflow's default lease and journal places: neither
+    ``CARBONFLOW_GPU_LEASE_DIR`` nor ``CARBONFLOW_POWER_JOURNAL_DIR`` is set, only ``CARBONFLOW_NODE_DIR`` — one
+    temporary folder per simulated node (never a home), standing in for the node's fixed default."""
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = super().env()
+        for name in ("CARBONFLOW_GPU_LEASE_DIR", "CARBONFLOW_POWER_JOURNAL_DIR"):
+            env.pop(name, None)
+        env["CARBONFLOW_NODE_DIR"] = str(self.root / "node")
+        env.update(extra)
+        return env
+
+
+def separate_homes_racing(rng: random.Random, root: Path) -> FaultOutcome:
+    """Two workers of one node, each with its own CARBONFLOW_HOME and the default lease settings, start runs
+    together on fewer free GPUs than runs: none may share a GPU (nor leave one lowered)."""
+    node = DefaultLeaseNode(root, gpus=rng.randint(1, 2))
+    return _race(rng, node, root, homes=True)
+
+
+def _race(rng: random.Random, node: FakeNode, root: Path, *, homes: bool) -> FaultOutcome:
     n = len(node.uuids()) + 1
-    procs = [node.wrapper(f"r{i}", _limit(rng), training(root / f"t{i}", seconds=0.6), CARBONFLOW_GPU_WAIT_S="30")
-             for i in range(n)]  # fmt: skip
+    procs = []
+    for i in range(n):
+        home = {"CARBONFLOW_HOME": str(root / f"home{i}")} if homes else {}
+        procs.append(node.wrapper(f"r{i}", _limit(rng), training(root / f"t{i}", seconds=0.6),
+                                  CARBONFLOW_GPU_WAIT_S="30", **home))  # fmt: skip
     codes = [node.finish(p, timeout_s=120)[0] for p in procs]
     spans = [_spans(root / f"t{i}.span") for i in range(n)]
     booked = sum(
@@ -144,7 +212,75 @@ def two_wrappers_racing(rng: random.Random, root: Path) -> FaultOutcome:
         if spans[i] and spans[j] and spans[i][0] == spans[j][0] and _overlap(spans[i][1], spans[j][1])
     )
     return FaultOutcome(power_limits_left_lowered=node.lowered(), gpus_double_booked=booked,
-                        runs_lost=sum(c != 0 for c in codes))  # fmt: skip
+                        runs_lost=sum(c != 0 for c in codes), variant=f"{n} runs on {n - 1} GPU(s)")  # fmt: skip
+
+
+RANK_LIVE_S = 4.0
+RANK_TRAINING = """
+import os, subprocess, sys, time
+beats, how, live_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
+
+
+def rank():
+    end = time.time() + live_s
+    while time.time() < end:
+        with open(beats, "a") as f:
+            f.write(os.environ.get("CUDA_VISIBLE_DEVICES", "") + " " + repr(time.time()) + chr(10))
+        time.sleep(0.05)
+
+
+if how == "rank":  # started by the agent below, torchrun-like
+    rank()
+    sys.exit(0)
+if how == "fork":  # os.fork, then os.setsid: the rank keeps every descriptor of the agent
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        rank()
+        os._exit(0)
+else:  # as torchrun starts its ranks: subprocess in a new session, descriptors closed
+    pid = subprocess.Popen([sys.executable, __file__, beats, "rank", str(live_s)], start_new_session=True).pid
+open(beats + ".pid", "w").write(str(pid))
+while True:
+    time.sleep(0.2)
+"""
+
+
+def _rank_in_own_session(how: str) -> Callable[[random.Random, Path], FaultOutcome]:
+    """A torchrun-like training whose rank leaves the training's session (``setsid``) and keeps training on the
+    GPU; the wrapper is SIGKILLed and the retry starts at once. Double-booked when the retry trains on the GPU
+    while the rank still lives (the rank's heartbeats fall inside the retry's training)."""
+
+    def inject(rng: random.Random, root: Path) -> FaultOutcome:
+        node = FakeNode(root, gpus=rng.randint(1, 2))
+        script, beats = root / "agent.py", root / "rank.beats"
+        script.write_text(RANK_TRAINING)
+        first = node.wrapper("first", _limit(rng), [sys.executable, str(script), str(beats), how, str(RANK_LIVE_S)])
+        rank = started(Path(f"{beats}.pid"))
+        wait_for(beats.exists)
+        time.sleep(rng.uniform(0.0, 0.3))
+        first.kill()
+        first.wait(timeout=10)
+        retry = node.wrapper("retry", _limit(rng), training(root / "r", seconds=0.5), CARBONFLOW_GPU_WAIT_S="30")
+        code, _ = node.finish(retry, timeout_s=90)
+        booked = _beats_inside(beats, _spans(root / "r.span"))
+        _kill_all(rank)
+        return FaultOutcome(power_limits_left_lowered=node.lowered(), gpus_double_booked=booked,
+                            runs_lost=int(code != 0), variant=how)  # fmt: skip
+
+    return inject
+
+
+def _beats_inside(beats: Path, span: tuple[str, tuple[float, float]] | None) -> int:
+    """1 when a heartbeat of the rank on the span's GPU falls inside the span (both trained at once), else 0."""
+    if span is None or not beats.exists():
+        return 0
+    gpu, (start, end) = span
+    for line in beats.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == gpu and start <= float(parts[1]) <= end:
+            return 1
+    return 0
 
 
 def _spans(path: Path) -> tuple[str, tuple[float, float]] | None:
@@ -307,40 +443,97 @@ def trainer_gone_before_logging(rng: random.Random, root: Path) -> FaultOutcome:
 
 
 def task_retried_after_logging(rng: random.Random, root: Path) -> FaultOutcome:
-    """The task logged its run, then died before Airflow heard: the retry finds the run and trains nothing."""
-    from carbonflow.tracking.store import completed_run
+    """The task trained and logged its run, then died before Airflow heard; Airflow retries it. The retry asks
+    what the session asks before training (``RunSession.already_logged``, through ``completed_run``) and trains
+    again only when told the run is not there: a second training, or a second MLflow run, is a duplicate."""
+    from carbonflow.session.run import RunSession
+    from carbonflow.session.source import CarbonSource
 
     job, store = f"retry-{rng.getrandbits(32):08x}", _store()
-    _log(job, _key(job), store, root / "spool", root)
-    if completed_run(job, _key(job), store) is None:  # what the session asks before training again
-        _log(job, _key(job), store, root / "spool", root)
-    return _counted(store, job, [_key(job)])
+    key = _key(job)
+    trainings = 1  # the first try trained, logged, and died before Airflow heard of it
+    _log(job, key, store, root / "spool", root)
+    retry = RunSession(source=CarbonSource(replay=True), workdir=root / "retry", tracking_uri=store,
+                       identity=lambda name: {"idempotency_key": key})  # fmt: skip
+    if retry.already_logged(_wait_state(job)) is None:
+        trainings += 1  # the retry trains again, and logs what it trained
+        _log(job, key, store, root / "spool", root)
+    out = _counted(store, job, [key])
+    out.runs_duplicated = max(out.runs_duplicated, int(trainings > 1))
+    return out
+
+
+def _wait_state(job: str) -> object:
+    """The retried task's group: the job alone, as its wait state holds it."""
+    from carbonflow.models import utcnow
+    from carbonflow.session.state import GroupMember, WaitState
+    from tests.tracking import tracking_factories as f
+
+    return WaitState(members=[GroupMember(job=f.job_spec(job), plan=f.plan(job))], first_now=utcnow())
+
+
+_AIRFLOW: dict[str, dict[str, str]] = {}
+
+
+def _airflow_env() -> dict[str, str]:
+    """An Airflow of the benchmark's own for the cleared-DAG-run kind: a temporary AIRFLOW_HOME whose DAGs folder
+    holds only benchmarks/faults_cleared_dag.py's DAG, with a SQLite metadata DB migrated once per benchmark run."""
+    if "env" not in _AIRFLOW:
+        from faults_cleared_dag import write_dag
+
+        home = Path(tempfile.mkdtemp(prefix="faults-airflow-"))
+        write_dag(home / "dags")
+        env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+               "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+               "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}  # fmt: skip
+        airflow = Path(sys.executable).with_name("airflow")
+        done = subprocess.run([str(airflow), "db", "migrate"], env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"airflow db migrate failed: {done.stderr[-2000:]}")
+        _AIRFLOW["env"] = env
+    return _AIRFLOW["env"]
 
 
 def dag_run_cleared(rng: random.Random, root: Path) -> FaultOutcome:
-    """A cleared DAG run is a new run: a new key, one new run, the old one kept; neither duplicated."""
-    job, store = f"cleared-{rng.getrandbits(32):08x}", _store()
-    clears = rng.randint(1, 3)
-    for clear in range(clears + 1):
-        _log(job, _key(job, clear), store, root / "spool", root)
-    return _counted(store, job, [_key(job, clear) for clear in range(clears + 1)])
+    """A DAG run trains and logs its job, is cleared with Airflow's own clear and runs again, 1–2 times
+    (benchmarks/faults_cleared_dag.py, real Airflow). Each clear is a new run: its own key, one new MLflow run,
+    the earlier runs kept. A clear number whose run is missing is lost; a key trained or logged twice,
+    duplicated."""
+    from carbonflow.tracking.spool import run_idempotency_key
+
+    job, store, clears = f"cleared-{rng.getrandbits(32):08x}", _store(), rng.randint(1, 2)
+    env = {**_airflow_env(), "FAULTS_JOB": job, "FAULTS_STORE": store, "FAULTS_TRAININGS": str(root)}
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "faults_cleared_dag.py"), "--clears",
+                           str(clears)], env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith('{"dag_id"')]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the cleared DAG run did not run (exit {done.returncode}): {done.stderr[-3000:]}")
+    report = json.loads(lines[-1])
+    run_id = report["runs"][0]["run_id"]
+    keys = [run_idempotency_key(report["dag_id"], run_id, n, report["task_id"], -1, job) for n in range(clears + 1)]
+    out = _counted(store, job, keys)
+    trained = (root / "trainings").read_text().split() if (root / "trainings").exists() else []
+    out.runs_duplicated = max(out.runs_duplicated, len(trained) - len(set(trained)))
+    out.variant = f"cleared {clears} time(s)"
+    return out
 
 
 sys.path.insert(0, str(REPO / "tests" / "kubernetes"))  # the fake Kubernetes API and fake GPU node
 
 
 @contextlib.contextmanager
-def _cluster(rng: random.Random):  # type: ignore[no-untyped-def]
-    """A fake GPU node of 1–4 GPUs at a random limit, whose device plugin gives the pod one random host GPU, its
-    fake zeusd, and the fake Kubernetes API (pods terminate over their grace period) with the real backend.
-    Yields (node, zeusd, api, backend, host GPU index)."""
+def _cluster(rng: random.Random, max_gpus: int = 4):  # type: ignore[no-untyped-def]
+    """A fake GPU node of 1–``max_gpus`` GPUs at a random limit, whose device plugin gives every GPU pod one random
+    host GPU (the same one), its fake zeusd, and the fake Kubernetes API (pods terminate over their grace period)
+    with the real backend. Yields (node, zeusd, api, backend, host GPU index)."""
     from fake_gpu_node import FakeGpuNode
     from fake_kube_api import FakeKubeApi
 
     from carbonflow.execution.k8s_manifests import KubernetesSettings
     from carbonflow.execution.kubernetes import KubernetesBackend
 
-    gpus = rng.randint(1, 4)
+    gpus = rng.randint(1, max_gpus)
     host_gpu = rng.randrange(gpus)
     with (
         FakeGpuNode(gpus, gpus_for=lambda pod: [host_gpu], limit_mw=rng.choice([250000, 280000, 300000])) as node,
@@ -372,6 +565,73 @@ def _gpu_run(limit_w: float, command: list[str] | None = None) -> tuple[object, 
                 predicted_duration_s=60, predicted_energy_j=1e4, predicted_emissions_g=1, region="GB",
                 forecast_provider="fault-injection", reason="fault injection")  # fmt: skip
     return spec, plan
+
+
+HEARTBEAT = """
+import os, sys, time
+beats, live_s = sys.argv[1], float(sys.argv[2])
+end = time.time() + live_s
+while time.time() < end:
+    with open(beats, "a") as f:
+        f.write(os.environ.get("CUDA_VISIBLE_DEVICES", "") + " " + repr(time.time()) + chr(10))
+    time.sleep(0.05)
+"""
+
+
+def k8s_time_sliced_pairs(rng: random.Random, root: Path) -> FaultOutcome:
+    """Two co-located pairs — four pods asking for the time-sliced GPU resource, each pair planned as the session
+    plans it (the first pod sets the pair's limit, the second runs at the GPU's) — land, as the NVIDIA device
+    plugin's time-slicing allows, on one GPU of the node. Pods of different pairs must never train on it at once
+    (a pod's heartbeats, on the GPU it trained on, give its span)."""
+    with _cluster(rng, max_gpus=2) as (node, _, _api, backend, _host_gpu):
+        beats = node.base / "beats"
+        beats.mkdir(mode=0o777)
+        beats.chmod(0o777)  # the training may run as the pod's own user
+        script = node.base / "heartbeat.py"
+        script.write_text(HEARTBEAT)
+        script.chmod(0o644)
+        started_runs = []
+        for pair in ("a", "b"):
+            limit_w = _limit(rng)
+            for member in (0, 1):
+                spec, plan = _gpu_run(limit_w if member == 0 else None,
+                                      ["python", str(script), str(beats / f"{pair}{member}"), "1.0"])  # fmt: skip
+                spec = spec.model_copy(update={"name": f"pair-{pair}-{member}"})
+                plan = plan.model_copy(
+                    update={
+                        "job": spec.name,
+                        "colocated_with": [f"pair-{pair}-{1 - member}"],
+                        "config": plan.config.model_copy(update={"colocation_group": pair}),
+                    }
+                )
+                started_runs.append((pair, backend.start(spec, plan)))  # fmt: skip
+        lost = _all_collected_lost(backend, [handle for _, handle in started_runs])
+        spans = {f"{pair}{m}": _spans(beats / f"{pair}{m}") for pair in ("a", "b") for m in (0, 1)}
+        booked = sum(
+            1
+            for a in ("a0", "a1")
+            for b in ("b0", "b1")
+            if spans[a] and spans[b] and spans[a][0] == spans[b][0] and _overlap(spans[a][1], spans[b][1])
+        )
+        return FaultOutcome(power_limits_left_lowered=node.node.lowered(), gpus_double_booked=booked,
+                            runs_lost=lost)  # fmt: skip
+
+
+def _all_collected_lost(backend: object, handles: list[object], timeout_s: float = 180) -> int:
+    """How many of the runs ended without their result. Every run is polled in turn (the fake kubelet moves a
+    pod on when it is read), so that all of them start at once, as on a cluster."""
+    deadline = time.monotonic() + timeout_s
+    while not all([backend.poll(h).state == "finished" for h in handles]):  # type: ignore[attr-defined]  # every one read
+        if time.monotonic() > deadline:
+            return len(handles)
+        time.sleep(0.05)
+    lost = 0
+    for handle in handles:
+        try:
+            backend.collect(handle)  # type: ignore[attr-defined]
+        except Exception:
+            lost += 1
+    return lost
 
 
 def _pod_lowered_then_killed(rng: random.Random, node: object, api: object, backend: object, host_gpu: int,
@@ -468,24 +728,18 @@ while True:
 
 def k8s_restore_pod_with_a_moved_journal(rng: random.Random, root: Path, attack: str | None = None) -> FaultOutcome:
     """The job tries to move its power journal where the restore pod will not find it — through its env
-    (POD_NAME, the journal directory: refused before any pod starts) or, as the pod's user, by renaming,
-    removing or overwriting it — then the pod is SIGKILLed: the restore pod must still put the GPU back."""
+    (POD_NAME, the journal directory: refused by the job file's validation and, for a spec that skipped it, by
+    the backend, see :func:`_env_attack`) or, as the pod's user, by renaming, removing or overwriting it — then
+    the pod is SIGKILLed: the restore pod must still put the GPU back."""
     from fake_gpu_node import CAN_DROP_USERS
-    from pydantic import ValidationError
-
-    from carbonflow.models import JobSpec
 
     attacks = ["env:POD_NAME", "env:CARBONFLOW_POWER_JOURNAL_DIR"]
     if CAN_DROP_USERS:  # the command runs as the pod's training user only when the wrapper can drop to it
         attacks += ["rename", "remove", "overwrite", "move_dir"]
     attack = attack or rng.choice(attacks)
-    if attack.startswith("env:"):
-        try:
-            JobSpec(name="moved", command=["python", "train.py"], steps=10, region="GB", env={attack[4:]: "elsewhere"})
-        except ValidationError:
-            return FaultOutcome()
-        return FaultOutcome(power_limits_left_lowered=1)  # accepted: the restore pod would miss its journal
     with _cluster(rng) as (node, _, api, backend, host_gpu):
+        if attack.startswith("env:"):
+            return _env_attack(rng, node, api, backend, host_gpu, attack[4:])
         script = node.base / "move_journal.py"
         script.write_text(MOVE_JOURNAL)
         script.chmod(0o644)
@@ -493,7 +747,40 @@ def k8s_restore_pod_with_a_moved_journal(rng: random.Random, root: Path, attack:
                                              ["python", str(script), attack])  # fmt: skip
         with contextlib.suppress(Exception):
             backend.collect(handle)
-        return FaultOutcome(power_limits_left_lowered=node.node.lowered())
+        return FaultOutcome(power_limits_left_lowered=node.node.lowered(), variant=attack)
+
+
+def _env_attack(rng: random.Random, node: object, api: object, backend: object, host_gpu: int,
+                name: str) -> FaultOutcome:  # fmt: skip
+    """The job's env names ``name`` (POD_NAME, the journal directory). Counted lowered when the job file's
+    validation accepts it; then the same env is handed to the real backend in a JobSpec that skipped validation
+    (a stale one, from an older release): the backend must refuse it, or the pod is started, lowers its GPU,
+    is SIGKILLed, and the restore pod must still put the GPU back."""
+    from pydantic import ValidationError
+
+    from carbonflow.models import JobSpec
+
+    fields = {"name": "moved", "command": ["python", "train.py"], "steps": 10, "region": "GB",
+              "env": {name: "elsewhere"}}  # fmt: skip
+    try:
+        JobSpec(**fields)
+        accepted = 1  # the job file's validation let it through
+    except ValidationError:
+        accepted = 0
+    spec, plan = _gpu_run(_limit(rng))
+    stale = JobSpec.model_construct(**{**spec.model_dump(), "env": {name: "elsewhere"}})
+    try:
+        handle = backend.start(stale, plan)  # type: ignore[attr-defined]
+    except Exception:  # refused before any pod started: nothing lowered
+        return FaultOutcome(power_limits_left_lowered=accepted, variant=f"env:{name}, refused by the backend")
+    wait_for(lambda: backend.poll(handle).state == "running")  # type: ignore[attr-defined]
+    time.sleep(rng.uniform(0.2, 0.5))
+    api.kill_container(handle.details["pod"])  # type: ignore[attr-defined]
+    wait_for(lambda: backend.poll(handle).state == "finished")  # type: ignore[attr-defined]
+    with contextlib.suppress(Exception):
+        backend.collect(handle)  # type: ignore[attr-defined]
+    lowered = node.node.lowered()  # type: ignore[attr-defined]
+    return FaultOutcome(power_limits_left_lowered=accepted + lowered, variant=f"env:{name}, started by the backend")
 
 
 KINDS: dict[str, Callable[[random.Random, Path], FaultOutcome]] = {
@@ -505,6 +792,9 @@ KINDS: dict[str, Callable[[random.Random, Path], FaultOutcome]] = {
     "child_sigterm": _signal_child(signal.SIGTERM),
     "child_sigkill_leaving_a_worker": _signal_child(signal.SIGKILL, grandchild=True),
     "two_wrappers_racing_for_gpus": two_wrappers_racing,
+    "separate_homes_racing_for_gpus": separate_homes_racing,
+    "rank_in_own_session_forked_then_wrapper_sigkill": _rank_in_own_session("fork"),
+    "rank_in_own_session_torchrun_like_then_wrapper_sigkill": _rank_in_own_session("popen"),
     "restore_through_zeusd_unprivileged": _restore(through_zeusd=True),
     "restore_without_zeusd_unprivileged": _restore(through_zeusd=False),
     "stale_journal_then_run_without_limit": _stale_journal(2),
@@ -517,48 +807,96 @@ KINDS: dict[str, Callable[[random.Random, Path], FaultOutcome]] = {
     "k8s_pod_sigkill": _k8s_kill(agent_down_during_restore=False),
     "k8s_node_agent_unreachable_during_restore": _k8s_kill(agent_down_during_restore=True),
     "k8s_restore_pod_with_a_moved_journal": k8s_restore_pod_with_a_moved_journal,
+    "k8s_time_sliced_pairs_on_one_gpu": k8s_time_sliced_pairs,
 }
 
+DOUBLE_BOOKING_KINDS = {
+    "two_wrappers_racing_for_gpus": "racing wrappers, one lease folder (CARBONFLOW_GPU_LEASE_DIR)",
+    "separate_homes_racing_for_gpus": "racing wrappers of separate CARBONFLOW_HOMEs, default lease settings",
+    "rank_in_own_session_forked_then_wrapper_sigkill": "a forked rank in its own session outliving a SIGKILLed "
+    "wrapper, against the retry",
+    "rank_in_own_session_torchrun_like_then_wrapper_sigkill": "a torchrun-like rank (new session, descriptors "
+    "closed) outliving a SIGKILLed wrapper, against the retry",
+    "k8s_time_sliced_pairs_on_one_gpu": "two Kubernetes co-located pairs on one time-sliced GPU",
+}
 
-def run(per_kind: int, seed: int, kinds: list[str] | None = None) -> dict:
+DISTINCT_PATHS = (
+    "distinct (kind, variant) pairs exercised. A kind is one fault scenario; a variant is a discrete branch an "
+    "injection took that sends the product down other code (which node repair ran after a SIGKILL, a rank "
+    "started by fork or torchrun-like, which journal attack, a held record delivered once or twice, how many "
+    "runs raced for how many GPUs). Random continuous draws (limits, delays, node sizes elsewhere) are not "
+    "variants, so distinct_paths <= faults_injected and counts no path twice."
+)
+
+
+DEFAULT_PER_KIND = 20  # x 24 kinds: 480 faults in a full run
+
+
+def _schedule(kinds: list[str], per_kind: int, sample: int | None) -> list[str]:
+    """Every kind ``per_kind`` times; with ``sample``, only the first ``sample`` of them taken round-robin."""
+    order = [kind for _ in range(per_kind) for kind in kinds]
+    return order if sample is None else order[:sample]
+
+
+def run(per_kind: int, seed: int, kinds: list[str] | None = None, sample: int | None = None) -> dict:
     rng = random.Random(seed)
     total = FaultOutcome()
     by_kind: dict[str, int] = {}
+    paths: set[tuple[str, str]] = set()
     failures: dict[str, dict] = {}
     t0 = time.monotonic()
-    for kind in kinds or list(KINDS):
-        for i in range(per_kind):
-            with tempfile.TemporaryDirectory(prefix=f"fault-{kind}-") as tmp:
-                outcome = KINDS[kind](rng, Path(tmp))
-            total.add(outcome)
-            by_kind[kind] = by_kind.get(kind, 0) + 1
-            if any(asdict(outcome).values()):
-                failures[f"{kind}#{i}"] = asdict(outcome)
+    for kind in _schedule(kinds or list(KINDS), per_kind, sample):
+        i = by_kind.get(kind, 0)
+        with tempfile.TemporaryDirectory(prefix=f"fault-{kind}-") as tmp:
+            outcome = KINDS[kind](rng, Path(tmp))
+        total.add(outcome)
+        by_kind[kind] = i + 1
+        paths.add((kind, outcome.variant))
+        if any(outcome.counts().values()):
+            failures[f"{kind}#{i}"] = asdict(outcome)
+    return _report(seed, by_kind, paths, total, failures, time.monotonic() - t0)
+
+
+def _report(seed: int, by_kind: dict[str, int], paths: set[tuple[str, str]], total: FaultOutcome,
+            failures: dict[str, dict], elapsed_s: float) -> dict:  # fmt: skip
+    nonzero: dict[str, list[str]] = {}
+    for name in failures:
+        for counter, value in failures[name].items():
+            if counter in COUNTERS and value:
+                nonzero.setdefault(counter, [])
+                if name.split("#")[0] not in nonzero[counter]:
+                    nonzero[counter].append(name.split("#")[0])
     return {
         "label": "fault injection on a fake NVML node and fake zeusd (the wrapper and restore are the real code) "
         "and on run records logged to a real MLflow store (SQLite) through the real logger, spool and held records",
         "seed": seed,
+        "ran_as_root": os.geteuid() == 0,
         "faults_injected": sum(by_kind.values()),
+        "distinct_paths": len(paths),
+        "distinct_paths_definition": DISTINCT_PATHS,
+        "paths": sorted(f"{kind} [{variant}]" if variant else kind for kind, variant in paths),
         "by_kind": by_kind,
-        **asdict(total),
+        "double_booking_measured_in": {k: v for k, v in DOUBLE_BOOKING_KINDS.items() if k in by_kind},
+        **total.counts(),
+        "counters_above_zero_in": nonzero,
         "failures": failures,
-        "elapsed_s": round(time.monotonic() - t0, 1),
+        "elapsed_s": round(elapsed_s, 1),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--per-kind", type=int, default=20, help="injections of each kind")
+    ap.add_argument("--per-kind", type=int, default=DEFAULT_PER_KIND, help="injections of each kind")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kinds", nargs="*", choices=sorted(KINDS), help="only these kinds")
+    ap.add_argument("--sample", type=int, default=None, help="only this many injections, the kinds taken in turn")
     ap.add_argument("--out", type=Path, default=RESULTS / "faults.json")
     args = ap.parse_args(argv)
-    result = run(args.per_kind, args.seed, args.kinds)
+    result = run(args.per_kind, args.seed, args.kinds, args.sample)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "failures"}, indent=2))
-    counters = ("power_limits_left_lowered", "gpus_double_booked", "runs_lost", "runs_duplicated")
-    return 1 if any(result[c] for c in counters) else 0
+    print(json.dumps({k: v for k, v in result.items() if k not in ("failures", "paths")}, indent=2))
+    return 1 if any(result[c] for c in COUNTERS) else 0
 
 
 if __name__ == "__main__":
