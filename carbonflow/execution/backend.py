@@ -79,15 +79,34 @@ class Backend(Protocol):
     supports_deferral: bool
     supports_shared: bool
 
-    def start(self, spec: JobSpec, plan: Plan, options: RunOptions) -> RunHandle: ...
+    def start(self, spec: JobSpec, plan: Plan, options: RunOptions | None = None) -> RunHandle: ...
 
-    def start_shared(self, request: SharedRequest, options: RunOptions) -> RunHandle: ...
+    def start_shared(self, request: SharedRequest, options: RunOptions | None = None) -> RunHandle: ...
 
     def poll(self, handle: RunHandle) -> RunStatus: ...
 
     def collect(self, handle: RunHandle) -> WrappedRun | SharedRun: ...
 
     def cancel(self, handle: RunHandle) -> None: ...
+
+    def execute(self, spec: JobSpec, plan: Plan, options: RunOptions | None = None, **fields: Any) -> WrappedRun: ...
+
+
+def run_options(options: RunOptions | None, fields: dict[str, Any], **defaults: Any) -> RunOptions:
+    """One :class:`RunOptions` from an options object or its fields as keywords (not both); unknown fields refused.
+
+    ``execute(spec, plan, RunOptions(...))`` and ``execute(spec, plan, run_name="train")`` mean the same on every
+    backend; ``defaults`` fill what neither gives (e.g. ``run_name="shared"``).
+    """
+    if options is not None and fields:
+        raise TypeError(f"give the run's options as a RunOptions or as keywords, not both (got also {sorted(fields)})")
+    if options is not None:
+        return options
+    unknown = sorted(set(fields) - set(RunOptions.model_fields))
+    if unknown:
+        allowed = ", ".join(RunOptions.model_fields)
+        raise TypeError(f"run option(s) {', '.join(map(repr, unknown))} are not allowed; use some of {allowed}")
+    return RunOptions(**{**defaults, **fields})
 
 
 def wait(backend: Backend, handle: RunHandle, *, timeout_s: float | None = None, poll_s: float = 0.2) -> RunStatus:

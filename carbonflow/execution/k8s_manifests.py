@@ -44,6 +44,7 @@ from carbonflow.contract import (
     ZEUSD_SOCK_ENV,
     check_job_env,
 )
+from carbonflow.execution.signing import RESULT_KEY_ENV
 from carbonflow.models import JobSpec, Plan
 
 LABEL_APP = "app.kubernetes.io/name"
@@ -231,14 +232,23 @@ def wrapper_arguments(
     *,
     profile_steps: int | None = None,
     warmup_steps: int = 0,
+    sweep_limits_w: list[float] | None = None,
+    stop_below_fraction: float | None = None,
 ) -> list[str]:
-    """``run --job ... --plan ... --result ... -- <command>`` (the container command is ``carbonflow``)."""
+    """``run --job ... --plan ... --result ... -- <command>`` (the container command is ``carbonflow``).
+
+    A profile passes ``--profile-steps`` and, for a power-limit sweep, ``--sweep-limits`` and ``--stop-below``
+    exactly as the local backend does."""
     mount = settings.config_mount_path.rstrip("/")
     args = ["run", "--job", f"{mount}/job.json", "--plan", f"{mount}/plan.json", "--result", settings.result_path]
     if warmup_steps:
         args += ["--warmup-steps", str(warmup_steps)]
     if profile_steps is not None:
         args += ["--profile-steps", str(profile_steps)]
+    if sweep_limits_w:
+        args += ["--sweep-limits", ",".join(f"{w:g}" for w in sweep_limits_w)]
+    if stop_below_fraction is not None:
+        args += ["--stop-below", f"{stop_below_fraction:g}"]
     return [*args, "--", *container_command(spec, plan)]
 
 
@@ -293,10 +303,16 @@ class ManifestBuilder:
         name: str | None = None,
         profile_steps: int | None = None,
         warmup_steps: int = 0,
+        sweep_limits_w: list[float] | None = None,
+        stop_below_fraction: float | None = None,
+        result_key: str | None = None,
     ) -> KubernetesManifests:
         """All objects for ``plan``: a Pod for one container, an Indexed Job + headless Service for more.
 
-        ``profile_steps``/``warmup_steps`` run the wrapper in profile mode (stop after the budgeted steps).
+        ``profile_steps``/``warmup_steps`` run the wrapper in profile mode (stop after the budgeted steps),
+        sweeping ``sweep_limits_w`` (stopping below ``stop_below_fraction`` of the fastest). ``result_key``: the
+        run's result key, in the wrapper's environment only (never the ConfigMap); the wrapper signs its result
+        with it and takes it out of its environment before the training starts.
         """
         if plan.job != spec.name:
             raise ValueError(f"plan.job={plan.job!r} does not match spec.name={spec.name!r}; they must be equal")
@@ -308,7 +324,8 @@ class ManifestBuilder:
             )
         if profile_steps is not None and profile_steps < 1:
             raise ValueError(f"profile_steps={profile_steps} is not allowed; it must be >= 1 or None")
-        args = wrapper_arguments(spec, plan, self.settings, profile_steps=profile_steps, warmup_steps=warmup_steps)
+        args = wrapper_arguments(spec, plan, self.settings, profile_steps=profile_steps, warmup_steps=warmup_steps,
+                                 sweep_limits_w=sweep_limits_w, stop_below_fraction=stop_below_fraction)  # fmt: skip
         name = name or run_name(spec)
         labels = {
             LABEL_APP: "carbonflow",
@@ -327,6 +344,8 @@ class ManifestBuilder:
         else:
             manifests.service = self._headless_service(name, labels)
             manifests.job = self._job_operator(spec, plan, name, labels, args).build_job_request_obj()
+        if result_key:
+            _add_result_key(manifests, result_key)
         return manifests
 
     # -- pieces -------------------------------------------------------------------------------------------------
@@ -578,6 +597,19 @@ class ManifestBuilder:
             ttl_seconds_after_finished=self.settings.ttl_seconds_after_finished,
             **kwargs,
         )
+
+
+def _add_result_key(manifests: KubernetesManifests, key: str) -> None:
+    """The run's result key in the training container's environment, defined last (a job's env cannot override
+    it). The training pods' service account has no API token (deploy/k8s/rbac.yaml): the pod spec is out of the
+    training's reach; inside the container only the wrapper's environment holds the key."""
+    from kubernetes.client import models as k8s
+
+    template = manifests.pod if manifests.pod is not None else manifests.job.spec.template
+    for container in template.spec.containers:
+        if container.name == CONTAINER_NAME:
+            container.env = [*(e for e in container.env or [] if e.name != RESULT_KEY_ENV),
+                             k8s.V1EnvVar(name=RESULT_KEY_ENV, value=key)]  # fmt: skip
 
 
 def _pod_name_env() -> Any:

@@ -9,8 +9,10 @@ measurements, a :class:`~carbonflow.execution.wrapper.WrappedRun`) and ``.run(sp
 2. creates the ConfigMap (job.json, plan.json), then the Pod — or the headless Service and Indexed Job;
 3. polls until the pod (every rank) terminated, failing fast on image-pull / config errors;
 4. reads each rank's ``WrappedRun`` from its termination message (``carbonflow run --result
-   /dev/termination-log``), falling back to a ``CARBONFLOW_RESULT {json}`` line of the pod log, and merges
-   the ranks (devices keyed by node; a device two ranks on one node both measured is counted once);
+   /dev/termination-log``), falling back to a ``CARBONFLOW_RESULT`` line of the pod log when the message is
+   truncated, and merges the ranks (devices keyed by node; a device two ranks on one node both measured is
+   counted once). Either is believed only when signed with the run's key (:mod:`carbonflow.execution.signing`):
+   the training shares the log and can print anything; a rank without a signed result is a failed run;
 5. deletes everything it created, whatever happened, with a grace period so that the wrapper's SIGTERM
    handler restores power limits through zeusd, and **waits until the pods (and the Job) are gone** — a
    deleted pod terminates over its grace period — or says which are still there when they are not gone in
@@ -37,6 +39,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from carbonflow.contract import GPU_INDEX_MAP_ENV, POWER_JOURNAL_DIR_ENV, ZEUSD_SOCK_ENV
+from carbonflow.execution.backend import RunHandle, RunOptions, RunStatus, run_options
 from carbonflow.execution.errors import RunFailed
 from carbonflow.execution.k8s_manifests import (
     COMPLETION_INDEX_ANNOTATION,
@@ -47,14 +50,13 @@ from carbonflow.execution.k8s_manifests import (
     ManifestBuilder,
     validate_manifest,
 )
+from carbonflow.execution.shared import SharedRequest
+from carbonflow.execution.signing import NOT_SIGNED, find_signed_payload, new_result_key
 from carbonflow.execution.wrapper import WrappedRun
 from carbonflow.models import ForecastPoint, JobSpec, Plan, RunResult
 
 log = logging.getLogger(__name__)
 
-RESULT_LINE_PREFIX = "CARBONFLOW_RESULT "
-"""A log line ``CARBONFLOW_RESULT {json}`` (or a bare RunResult JSON line) is read when the termination
-message is missing or truncated (Kubernetes keeps at most 4096 bytes of it)."""
 
 FATAL_WAITING_REASONS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError"}
@@ -65,26 +67,17 @@ class KubernetesRunError(RunFailed):
     """A run that did not produce a result: names the object, its phase/reason and the log tail."""
 
 
-def parse_result_text(text: str | None) -> WrappedRun | None:
-    """A ``WrappedRun`` from a termination message or a log: the whole text, else its last result line."""
-    if not text:
-        return None
-    stripped = text.strip()
+def parse_signed_result(text: str | None, key: str) -> tuple[WrappedRun | None, list[str]]:
+    """A ``WrappedRun`` from a termination message or a log, only if this run's wrapper signed it with ``key``:
+    the whole text, else the last signed ``CARBONFLOW_RESULT`` line (Kubernetes keeps at most 4096 bytes of the
+    message). Returns ``(run or None, why each result-looking candidate was refused)``."""
+    payload, refused = find_signed_payload(text, key)
+    if payload is None:
+        return None, refused
     try:
-        return WrappedRun.model_validate_json(stripped)
-    except ValidationError:
-        pass
-    for line in reversed(stripped.splitlines()):
-        line = line.strip()
-        if line.startswith(RESULT_LINE_PREFIX):
-            line = line[len(RESULT_LINE_PREFIX) :]
-        if not line.startswith("{"):
-            continue
-        try:
-            return WrappedRun.model_validate_json(line)
-        except ValidationError:
-            continue
-    return None
+        return WrappedRun.model_validate_json(payload), refused
+    except ValidationError as err:
+        return None, [*refused, f"a signed result that is not a WrappedRun ({err.error_count()} problems)"]
 
 
 def merge_ranks(ranks: list[tuple[str, WrappedRun]]) -> WrappedRun:
@@ -221,10 +214,15 @@ class KubernetesBackend:
     # -- public ---------------------------------------------------------------------------------------------------
 
     def build(
-        self, spec: JobSpec, plan: Plan, *, profile_steps: int | None = None, warmup_steps: int = 0
+        self, spec: JobSpec, plan: Plan, options: RunOptions | None = None, *, result_key: str | None = None
     ) -> KubernetesManifests:
         """The validated objects ``execute`` would create (a dry run: nothing is sent to the cluster)."""
-        manifests = self.builder.build(spec, plan, profile_steps=profile_steps, warmup_steps=warmup_steps)
+        options = options or RunOptions()
+        manifests = self.builder.build(
+            spec, plan, profile_steps=options.profile_steps, warmup_steps=options.warmup_steps,
+            sweep_limits_w=options.sweep_limits_w, stop_below_fraction=options.stop_below_fraction,
+            result_key=result_key,
+        )  # fmt: skip
         for obj in manifests.to_dicts():
             validate_manifest(obj)
         return manifests
@@ -243,24 +241,18 @@ class KubernetesBackend:
         wrapped = self.execute(spec, plan)
         return to_run_result(wrapped, plan, intensity_points, fallback_gco2_per_kwh=fallback_gco2_per_kwh)
 
-    def execute(
-        self,
-        spec: JobSpec,
-        plan: Plan,
-        *,
-        run_name: str = "train",
-        profile_steps: int | None = None,
-        warmup_steps: int = 0,
-        trace: bool = False,
-        timeout_s: float | None = None,
-    ) -> WrappedRun:
-        """Launch, wait, read the measurements, delete (same signature as ``LocalBackend.execute``).
+    def execute(self, spec: JobSpec, plan: Plan, options: RunOptions | None = None, **fields: Any) -> WrappedRun:
+        """Launch, wait, read the measurements, delete (the :class:`~carbonflow.execution.backend.Backend` contract's
+        ``execute``, as ``LocalBackend.execute``: a :class:`RunOptions` or its fields as keywords).
 
-        Raises :class:`KubernetesRunError` when no result came back. ``trace`` is ignored: a power trace
-        would stay inside the pod; emissions are spread over the run window instead. ``run_name`` only
-        labels the log line.
+        Raises :class:`KubernetesRunError` when no signed result came back. A profile sweeps
+        ``options.sweep_limits_w`` in the pod as locally. ``trace`` is ignored: a power trace would stay inside the
+        pod; emissions are spread over the run window instead. ``run_name`` only labels the log line.
         """
-        manifests = self.build(spec, plan, profile_steps=profile_steps, warmup_steps=warmup_steps)
+        options = run_options(options, fields)
+        timeout_s, run_name = options.timeout_s, options.run_name
+        key = new_result_key()
+        manifests = self.build(spec, plan, options, result_key=key)
         log.info(
             "%s: running %s of %s on Kubernetes as %s %s",
             run_name,
@@ -280,7 +272,7 @@ class KubernetesBackend:
                 pods = self._wait_job(manifests, deadline_s)
             else:
                 pods = [self._wait_pod(manifests.namespace, manifests.pod.metadata.name, deadline_s)]
-            wrapped = self._collect(manifests, pods)
+            wrapped = self._collect(manifests, pods, key)
         except BaseException as exc:
             for problem in self._stop_and_restore(manifests, created, spec if self._lowers_power(spec, plan) else None):
                 exc.add_note(problem)
@@ -442,14 +434,12 @@ class KubernetesBackend:
         return {**self.settings.model_dump(mode="json"), "config_file": self.config_file, "context": self.context,
                 "in_cluster": self.in_cluster}  # fmt: skip
 
-    def start(self, spec: JobSpec, plan: Plan, options: Any = None) -> Any:
+    def start(self, spec: JobSpec, plan: Plan, options: RunOptions | None = None) -> RunHandle:
         """Create the run's objects and return at once with a :class:`RunHandle` (JSON: another process polls,
-        collects or cancels the run from it, e.g. after the Airflow task deferred)."""
-        from carbonflow.execution.backend import RunHandle
-
-        profile_steps = getattr(options, "profile_steps", None)
-        warmup_steps = getattr(options, "warmup_steps", 0)
-        manifests = self.build(spec, plan, profile_steps=profile_steps, warmup_steps=warmup_steps)
+        collects or cancels the run from it, e.g. after the Airflow task deferred). The handle holds the run's
+        result key: whoever collects verifies the wrapper's signature with it."""
+        key = new_result_key()
+        manifests = self.build(spec, plan, options, result_key=key)
         created: list[tuple[str, str]] = []
         try:
             self._create(manifests, created)
@@ -465,13 +455,20 @@ class KubernetesBackend:
                      "pod": manifests.pod.metadata.name if manifests.pod is not None else "",
                      "job": manifests.job.metadata.name if manifests.job is not None else "",
                      "created": json.dumps(created), "spec": spec.model_dump_json(),
-                     "lowers_power": "true" if self._lowers_power(spec, plan) else "false"},
+                     "lowers_power": "true" if self._lowers_power(spec, plan) else "false", "result_key": key},
         )  # fmt: skip
 
-    def poll(self, handle: Any) -> Any:
-        """Whether the run's pod (or every rank of its Job) has ended, without waiting."""
-        from carbonflow.execution.backend import RunStatus
+    def start_shared(self, request: SharedRequest, options: RunOptions | None = None) -> RunHandle:
+        """Not on Kubernetes (``supports_shared`` is False): a co-located pair runs as one pod per job on a
+        time-sliced GPU (:meth:`start` each), and pair profiles run on the local backend."""
+        names = "+".join(m.job.name for m in request.members)
+        raise NotImplementedError(
+            f"the kubernetes backend does not run the pair {names} in one wrapper (supports_shared=False); start "
+            "each job as its own pod on the time-sliced GPU, or profile the pair with backend='local'"
+        )
 
+    def poll(self, handle: RunHandle) -> RunStatus:
+        """Whether the run's pod (or every rank of its Job) has ended, without waiting."""
         d = handle.details
         if d["pod"]:
             pod = self._read_or_gone(self.core.read_namespaced_pod, "Pod", d["pod"], d["namespace"])
@@ -486,7 +483,7 @@ class KubernetesBackend:
             return RunStatus(state="finished", message="Complete" if conditions.get("Complete") == "True" else "Failed")
         return RunStatus(state="running" if job.status and (job.status.active or 0) else "pending")
 
-    def collect(self, handle: Any) -> WrappedRun:
+    def collect(self, handle: RunHandle) -> WrappedRun:
         """The finished run's measurements (every rank merged); deletes its objects, restoring limits on failure."""
         d = handle.details
         run = _RunRef.of(handle)
@@ -502,14 +499,14 @@ class KubernetesBackend:
                 fatal = self._fatal_waiting(pod)
                 if fatal:
                     raise KubernetesRunError(f"Pod {d['namespace']}/{pod.metadata.name} cannot start: {fatal}")
-            wrapped = self._collect(run, pods)  # type: ignore[arg-type]
+            wrapped = self._collect(run, pods, d.get("result_key", ""))  # type: ignore[arg-type]
         except BaseException as exc:
             for problem in self._stop_and_restore(run, created, _power_spec(handle)):
                 exc.add_note(problem)
             raise
         return _with_notes(wrapped, self._clean_up(run, created))
 
-    def cancel(self, handle: Any) -> None:
+    def cancel(self, handle: RunHandle) -> None:
         """Stop the run: delete its pods (the wrapper restores limits in its grace period), wait until they are
         gone, then replay whatever journals a wrapper left. Raises :class:`KubernetesRunError` naming what is
         still there, or what could not be restored, after doing all it can."""
@@ -685,6 +682,18 @@ class KubernetesBackend:
                 latest[r] = pod
         return [latest[r] for r in sorted(latest)]
 
+    @staticmethod
+    def _no_result(pod: Any, terminated: Any | None, refused: list[str], log_text: str | None) -> str:
+        """Why a pod gave no result: its end, the results refused (unsigned: the training's), its log's tail."""
+        exit_code = terminated.exit_code if terminated else None
+        reason = terminated.reason if terminated else (pod.status.reason if pod.status else None)
+        tail = "\n".join((log_text or "").splitlines()[-20:])
+        why = f"; {len(refused)} result(s) refused, the first: {refused[0]}" if refused else ""
+        return (
+            f"Pod {pod.metadata.namespace}/{pod.metadata.name} ended phase={pod.status.phase} exit_code={exit_code} "
+            f"reason={reason} without a result signed by its wrapper{why}; last log lines:\n{tail}"
+        )
+
     def _termination(self, pod: Any) -> Any | None:
         for status in (pod.status.container_statuses or []) if pod.status else []:
             if status.name == CONTAINER_NAME and status.state and status.state.terminated:
@@ -707,25 +716,23 @@ class KubernetesBackend:
         except ApiException as exc:
             return f"(log unavailable: {exc.status} {exc.reason})"
 
-    def _collect(self, manifests: KubernetesManifests, pods: list[Any]) -> WrappedRun:
+    def _collect(self, manifests: KubernetesManifests, pods: list[Any], key: str) -> WrappedRun:
         if not pods:
             raise KubernetesRunError(f"{manifests.kind} {manifests.namespace}/{manifests.name}: no pod ran")
+        if not key:
+            raise KubernetesRunError(f"{manifests.kind} {manifests.namespace}/{manifests.name}: the run has no "
+                                     f"result key (a handle from an older carbonflow?); {NOT_SIGNED}")  # fmt: skip
         ranks: list[tuple[str, WrappedRun]] = []
         for pod in pods:
             terminated = self._termination(pod)
-            result = parse_result_text(terminated.message if terminated else None)
+            result, refused = parse_signed_result(terminated.message if terminated else None, key)
             log_text = None
-            if result is None:
+            if result is None:  # no message, or a truncated one: the wrapper's signed line in the log
                 log_text = self._log_tail(pod)
-                result = parse_result_text(log_text)
+                result, refused_in_log = parse_signed_result(log_text, key)
+                refused += refused_in_log
             if result is None:
-                exit_code = terminated.exit_code if terminated else None
-                reason = terminated.reason if terminated else (pod.status.reason if pod.status else None)
-                tail = "\n".join((log_text or "").splitlines()[-20:])
-                raise KubernetesRunError(
-                    f"Pod {pod.metadata.namespace}/{pod.metadata.name} ended phase={pod.status.phase} "
-                    f"exit_code={exit_code} reason={reason} without a result; last log lines:\n{tail}"
-                )
+                raise KubernetesRunError(self._no_result(pod, terminated, refused, log_text))
             if terminated is not None and terminated.exit_code and result.exit_code == 0:
                 result = result.model_copy(update={"exit_code": terminated.exit_code})
             node = (pod.spec.node_name if pod.spec else None) or pod.metadata.name

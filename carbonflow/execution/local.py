@@ -12,18 +12,21 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from carbonflow.contract import without_credentials
 from carbonflow.execution.backend import (
     RunHandle,
     RunOptions,
     RunStatus,
+    run_options,
     run_shared_to_completion,
     run_to_completion,
 )
 from carbonflow.execution.commands import training_command
 from carbonflow.execution.errors import GPU_UNAVAILABLE_EXIT, GpuUnavailable, RunFailed
 from carbonflow.execution.shared import SharedRequest, SharedRun
+from carbonflow.execution.signing import NOT_SIGNED, RESULT_KEY_ENV, ResultNotSigned, new_result_key, verified_payload
 from carbonflow.execution.wrapper import WrappedRun
 from carbonflow.models import JobSpec, Plan
 
@@ -71,8 +74,9 @@ class LocalBackend:
         self._lock = threading.Lock()
 
     # --- the contract -------------------------------------------------------------------------------
-    def start(self, spec: JobSpec, plan: Plan, options: RunOptions) -> RunHandle:
+    def start(self, spec: JobSpec, plan: Plan, options: RunOptions | None = None) -> RunHandle:
         """Launch the wrapper for one job; returns at once."""
+        options = options or RunOptions()
         check_working_dir(spec)
         run_dir = self._fresh_dir(options.run_name)
         job_path, plan_path = run_dir / "job.json", run_dir / "plan.json"
@@ -86,8 +90,9 @@ class LocalBackend:
         ]  # fmt: skip
         return self._launch(wrapper, run_dir, "solo", [spec.name])
 
-    def start_shared(self, request: SharedRequest, options: RunOptions) -> RunHandle:
+    def start_shared(self, request: SharedRequest, options: RunOptions | None = None) -> RunHandle:
         """Launch ``carbonflow run-shared`` for a co-located pair on one GPU; returns at once."""
+        options = options or RunOptions(run_name="shared")
         run_dir = self._fresh_dir(options.run_name)
         members = [
             m.model_copy(update={
@@ -120,9 +125,10 @@ class LocalBackend:
         what = f"run {run_dir.name!r} of {'+'.join(handle.jobs)}"
         if not result_path.exists():
             raise RunFailed(f"{what} wrote no result (exit {code}); log tail:\n{_tail(log_path)}")
+        payload = _verified_result(result_path, handle, f"{what} (exit {code})", log_path)
         if handle.kind == "shared":
-            return SharedRun.model_validate_json(result_path.read_text(encoding="utf-8"))
-        run = WrappedRun.model_validate_json(result_path.read_text(encoding="utf-8"))
+            return SharedRun.model_validate_json(payload)
+        run = WrappedRun.model_validate_json(payload)
         if run.exit_code != 0:
             log.error("training of %s exited with %s; log tail:\n%s", what, run.exit_code, _tail(log_path))
         return run
@@ -143,13 +149,13 @@ class LocalBackend:
                 os.kill(pid, signal.SIGKILL)
 
     # --- blocking forms (a local training task waits on its worker) ------------------------------------
-    def execute(self, spec: JobSpec, plan: Plan, **options: object) -> WrappedRun:
+    def execute(self, spec: JobSpec, plan: Plan, options: RunOptions | None = None, **fields: Any) -> WrappedRun:
         """Run the plan's configuration to completion (or for a step budget when profiling)."""
-        return run_to_completion(self, spec, plan, RunOptions(**options))
+        return run_to_completion(self, spec, plan, run_options(options, fields))
 
-    def execute_shared(self, request: SharedRequest, **options: object) -> SharedRun:
+    def execute_shared(self, request: SharedRequest, options: RunOptions | None = None, **fields: Any) -> SharedRun:
         """Run a co-located pair on one GPU to completion."""
-        return run_shared_to_completion(self, request, RunOptions(**{"run_name": "shared", **options}))
+        return run_shared_to_completion(self, request, run_options(options, fields, run_name="shared"))
 
     def kill(self) -> None:
         """Cancel every run this backend started that is still going (Airflow's ``on_kill``)."""
@@ -178,12 +184,14 @@ class LocalBackend:
         return args
 
     def _launch(self, command: list[str], run_dir: Path, kind: str, jobs: list[str]) -> RunHandle:
+        key = new_result_key()  # the wrapper signs its result with it; only the wrapper and the handle know it
         with (run_dir / "training.log").open("wb") as log_file:
             process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
-                                       env=without_credentials(os.environ))
+                                       env={**without_credentials(os.environ), RESULT_KEY_ENV: key})  # fmt: skip
         handle = RunHandle(
             backend=self.name, run_id=f"{run_dir.name}-{process.pid}-{uuid.uuid4().hex[:6]}", kind=kind, jobs=jobs,
-            details={"run_dir": str(run_dir), "pid": str(process.pid), "host": os.uname().nodename},
+            details={"run_dir": str(run_dir), "pid": str(process.pid), "host": os.uname().nodename,
+                     "result_key": key},
         )  # fmt: skip
         with self._lock:
             self._processes[handle.run_id] = process
@@ -211,6 +219,21 @@ def _pid_running(pid: int) -> bool:
             return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def _verified_result(result_path: Path, handle: RunHandle, what: str, log_path: Path) -> str:
+    """The result file's JSON, if this run's wrapper signed it with the handle's key; RunFailed otherwise.
+
+    The training shares the wrapper's stdout and may share its files: an unsigned or wrongly signed result is
+    the training's, never the run's (the next wrapper on the GPU replays a dead wrapper's restore journal).
+    """
+    key = handle.details.get("result_key")
+    if not key:
+        raise RunFailed(f"{what}: the handle has no result_key (started by an older carbonflow?); {NOT_SIGNED}")
+    try:
+        return verified_payload(result_path.read_text(encoding="utf-8", errors="replace"), key)
+    except ResultNotSigned as err:
+        raise RunFailed(f"{what}: {err}; refused. Log tail:\n{_tail(log_path)}") from None
 
 
 def _write_private(path: Path, text: str) -> None:

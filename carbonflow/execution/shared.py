@@ -43,14 +43,15 @@ from carbonflow.energy.monitor import EnergyMonitor, Measurement, PowerSampler
 from carbonflow.energy.power_limit import applied_power_limit
 from carbonflow.execution.errors import GPU_UNAVAILABLE_EXIT, GpuUnavailable
 from carbonflow.execution.gpus import drop_privileges_for_training, lease_run_gpus, pinned_env, start_child
+from carbonflow.execution.signing import take_result_key
 from carbonflow.execution.wrapper import (
     POLL_S,
-    RESULT_LINE_PREFIX,
     Terminated,
     WrappedRun,
     _left_behind_note,
     _Progress,
     _stop_child,
+    emit_result,
     training_env,
 )
 from carbonflow.models import JobSpec, Plan, utcnow
@@ -208,20 +209,25 @@ def _shared_device(members: list[SharedMember]) -> tuple[Any, GpuLeaseSet | None
     return leased[0], lease
 
 
-def run_shared(request: SharedRequest, *, result_path: Path | None = None) -> SharedRun:
+def run_shared(request: SharedRequest, *, result_path: Path | None = None, result_key: str | None = None) -> SharedRun:
     """Run the pair on one GPU; returns one WrappedRun per job with the GPU's energy split between them."""
     from carbonflow.energy.cpu import CpuDevice
 
     gpu, lease = _shared_device(request.members)
     try:
-        return _run_shared_on(request, gpu, lease, CpuDevice(), result_path)
+        return _run_shared_on(request, gpu, lease, CpuDevice(), result_path, result_key)
     finally:
         if lease is not None:
             lease.release()
 
 
 def _run_shared_on(
-    request: SharedRequest, gpu: Any, lease: GpuLeaseSet | None, cpu: Any, result_path: Path | None
+    request: SharedRequest,
+    gpu: Any,
+    lease: GpuLeaseSet | None,
+    cpu: Any,
+    result_path: Path | None,
+    result_key: str | None = None,
 ) -> SharedRun:
     devices = [gpu, cpu]
     simulated = callable(getattr(gpu, "member_slowdown_factor", None))
@@ -328,10 +334,7 @@ def _run_shared_on(
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
     run = _account(request, members, phases, total, devices, gpu, applied, notes)
-    if result_path is not None:
-        result_path.parent.mkdir(parents=True, exist_ok=True)
-        result_path.write_text(run.model_dump_json(indent=2), encoding="utf-8")
-    print(f"{RESULT_LINE_PREFIX} {run.model_dump_json()}", flush=True)
+    emit_result(run, result_path, result_key)  # signed with the run's key: the backend believes nothing else
     if received:
         raise Terminated(received[0])
     return run
@@ -529,10 +532,13 @@ def _account(
 
 
 def main_from_file(request_path: Path, result_path: Path) -> int:
-    """CLI entry: read the request, run the pair, write the result. Exit code: worst of the two (separated = 0)."""
+    """CLI entry: read the request, run the pair, write the result. Exit code: worst of the two (separated = 0).
+
+    The run's result key is taken out of the environment first, so neither training inherits it."""
+    result_key = take_result_key()
     request = SharedRequest.model_validate_json(Path(request_path).read_text(encoding="utf-8"))
     try:
-        run = run_shared(request, result_path=result_path)
+        run = run_shared(request, result_path=result_path, result_key=result_key)
     except GpuUnavailable as err:
         print(f"carbonflow run-shared: {err}", file=sys.stderr)
         return GPU_UNAVAILABLE_EXIT

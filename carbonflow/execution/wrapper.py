@@ -39,6 +39,7 @@ from carbonflow.execution.gpus import (
     pinned_env,
     start_child,
 )
+from carbonflow.execution.signing import RESULT_LINE_PREFIX, result_line, sign_result, take_result_key
 from carbonflow.models import Config, DeviceEnergy, JobSpec, Plan, UtcDatetime, utcnow
 from carbonflow.training import (
     MAX_STEPS_ENV,
@@ -51,7 +52,6 @@ from carbonflow.training import (
 log = logging.getLogger(__name__)
 
 POLL_S = 0.02
-RESULT_LINE_PREFIX = "CARBONFLOW_RESULT"
 SHORT_WINDOW = "measured window cut short"
 """Starts a run's note when a profiled configuration was measured over less than it asked (steps or seconds)."""
 
@@ -280,6 +280,7 @@ def run_wrapped(
     sweep_limits_w: list[float] | None = None,
     stop_below_fraction: float | None = None,
     output_dir: Path | None = None,
+    result_key: str | None = None,
 ) -> WrappedRun:
     """Run ``command`` under the plan's power limit with energy measured; never leaves a limit lowered.
 
@@ -297,7 +298,8 @@ def run_wrapped(
         return _run_on(spec, plan, command, found, all_gpus, gpus, lease, result_path=result_path,
                        trace_csv=trace_csv, trace_interval_s=trace_interval_s, profile_steps=profile_steps,
                        warmup_steps=warmup_steps, sweep_limits_w=sweep_limits_w,
-                       stop_below_fraction=stop_below_fraction, output_dir=output_dir)  # fmt: skip
+                       stop_below_fraction=stop_below_fraction, output_dir=output_dir,
+                       result_key=result_key)  # fmt: skip
     finally:
         if lease is not None:
             lease.release()
@@ -320,6 +322,7 @@ def _run_on(
     sweep_limits_w: list[float] | None,
     stop_below_fraction: float | None,
     output_dir: Path | None,
+    result_key: str | None = None,
 ) -> WrappedRun:
     devices = [*gpus, *(d for d in found if d.kind != "gpu")]
     _set_busy(all_gpus, False)  # a simulated GPU accrues energy only while the training works
@@ -451,14 +454,7 @@ def _run_on(
         power_trace_csv=str(trace_csv) if trace_csv else None,
         output_dir=str(out_dir),
     )
-    if result_path is not None:
-        # Kubernetes keeps only 4 KiB of /dev/termination-log: write compact JSON there.
-        compact = str(result_path).startswith("/dev/")
-        if not compact:
-            result_path.parent.mkdir(parents=True, exist_ok=True)
-        result_path.write_text(wrapped.model_dump_json(indent=None if compact else 2), encoding="utf-8")
-    # The same result as the last line of stdout, for backends that read logs (Kubernetes fallback).
-    print(f"{RESULT_LINE_PREFIX} {wrapped.model_dump_json()}", flush=True)
+    emit_result(wrapped, result_path, result_key)
     if received:
         raise Terminated(received[0])
     return wrapped
@@ -586,12 +582,33 @@ def _left_behind_note(child: subprocess.Popen[bytes] | None) -> list[str]:
     return [f"killed {left} process{'es' if left != 1 else ''} the training left behind"] if left else []
 
 
+def emit_result(run: BaseModel, result_path: Path | None, result_key: str | None) -> None:
+    """Write the run's result file and print it as the last line of stdout (the log's copy).
+
+    With the run's key (``CARBONFLOW_RESULT_KEY``, given by the backend) both are signed
+    (:mod:`carbonflow.execution.signing`) and the backend believes nothing else; without one (``carbonflow run``
+    by hand) the file is plain JSON. Kubernetes keeps only 4 KiB of /dev/termination-log: compact text there.
+    """
+    compact = run.model_dump_json()
+    if result_path is not None:
+        on_device = str(result_path).startswith("/dev/")
+        if not on_device:
+            result_path.parent.mkdir(parents=True, exist_ok=True)
+        text = sign_result(compact, result_key) if result_key else run.model_dump_json(indent=None if on_device else 2)
+        result_path.write_text(text, encoding="utf-8")
+    print(result_line(compact, result_key) if result_key else f"{RESULT_LINE_PREFIX} {compact}", flush=True)
+
+
 def main_from_files(job_path: Path, plan_path: Path, result_path: Path, command: list[str], **kwargs: object) -> int:
-    """CLI entry: read and validate the job and plan files, run, write the result. Returns an exit code."""
+    """CLI entry: read and validate the job and plan files, run, write the result. Returns an exit code.
+
+    The run's result key is taken out of the environment first, so the training never inherits it.
+    """
+    result_key = take_result_key()
     spec = JobSpec.model_validate_json(Path(job_path).read_text(encoding="utf-8"))
     plan = Plan.model_validate_json(Path(plan_path).read_text(encoding="utf-8"))
     try:
-        wrapped = run_wrapped(spec, plan, command, result_path=result_path, **kwargs)  # type: ignore[arg-type]
+        wrapped = run_wrapped(spec, plan, command, result_path=result_path, result_key=result_key, **kwargs)  # type: ignore[arg-type]
     except GpuUnavailable as err:
         print(f"carbonflow run: {err}", file=sys.stderr)
         return GPU_UNAVAILABLE_EXIT

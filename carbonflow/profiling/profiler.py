@@ -14,9 +14,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from carbonflow.energy.device import Device
+from carbonflow.execution.backend import RunOptions
 from carbonflow.execution.shared import SharedMember, SharedRequest, SharedRun, contention_note
 from carbonflow.execution.wrapper import SHORT_WINDOW, MeasuredWindow, WrappedRun
 from carbonflow.models import PROFILE_NOISE, Config, JobSpec, Plan, Profile, ProfilePoint, utcnow
@@ -30,18 +31,9 @@ DEFAULT_STEP_W = 25.0
 
 
 class Executor(Protocol):
-    def execute(
-        self,
-        spec: JobSpec,
-        plan: Plan,
-        *,
-        run_name: str,
-        profile_steps: int | None,
-        warmup_steps: int,
-        trace: bool,
-        sweep_limits_w: list[float] | None,
-        stop_below_fraction: float | None,
-    ) -> WrappedRun: ...
+    """What profiling needs of a backend: the contract's ``execute`` (see ``carbonflow.execution.backend.Backend``)."""
+
+    def execute(self, spec: JobSpec, plan: Plan, options: RunOptions | None = None, **fields: Any) -> WrappedRun: ...
 
 
 class ProfilingError(RuntimeError):
@@ -81,7 +73,13 @@ def silent_job_message(spec: JobSpec, run: WrappedRun) -> str:
 
 
 def candidate_power_limits_w(spec: JobSpec, gpu: Device | None, step_w: float = DEFAULT_STEP_W) -> list[float | None]:
-    """Power limits to try, highest first: the job's own list, else the device's range in ``step_w`` steps."""
+    """Power limits to try, highest first: the job's own list, else the device's range in ``step_w`` steps.
+
+    A GPU job profiled where this process sees no GPU (a Kubernetes worker: the GPU is the pod's) sweeps its own
+    ``power_limits_w``, which the wrapper in the pod applies (noting any its GPU refuses); without them, none.
+    """
+    if gpu is None and spec.device_kind == "gpu" and spec.power_limits_w:
+        return sorted(set(spec.power_limits_w), reverse=True)
     if gpu is None or not gpu.supports_power_limit:
         return [None]
     low_w, high_w = gpu.power_limit_constraints_w()
@@ -176,11 +174,11 @@ def profile_job(
             forecast_provider="none (profiling)", reason=f"profiling {count} container(s)",
         )  # fmt: skip
         sweep = [w for w in limits if w is not None]
-        run = backend.execute(
-            spec, plan, run_name=f"profile-c{count}", profile_steps=spec.profile_steps,
-            warmup_steps=spec.profile_warmup_steps, trace=False, sweep_limits_w=sweep or None,
-            stop_below_fraction=stop_below if sweep else None,
+        options = RunOptions(
+            run_name=f"profile-c{count}", profile_steps=spec.profile_steps, warmup_steps=spec.profile_warmup_steps,
+            trace=False, sweep_limits_w=sweep or None, stop_below_fraction=stop_below if sweep else None,
         )  # fmt: skip
+        run = backend.execute(spec, plan, options)
         if run.steps == 0:  # found at the first attempt, not once per container count
             raise ProfilingError(silent_job_message(spec, run))
         if run.exit_code != 0:
@@ -239,7 +237,7 @@ def pair_member(spec: JobSpec, plan: Plan, profile: Profile, min_kept_speed: flo
 
 
 class SharedExecutor(Protocol):
-    def execute_shared(self, request: SharedRequest, *, run_name: str, trace: bool) -> SharedRun: ...
+    def execute_shared(self, request: SharedRequest, options: RunOptions | None = None, **fields: Any) -> SharedRun: ...
 
 
 def profile_pair(
@@ -279,7 +277,7 @@ def profile_pair(
     steps = profile_steps or min(spec_a.profile_steps, spec_b.profile_steps)
     warmup = max(spec_a.profile_warmup_steps, spec_b.profile_warmup_steps)
     request = SharedRequest(members=members, power_limit_w=limit_w, warmup_steps=warmup, profile_steps=steps)
-    run = backend.execute_shared(request, run_name=f"pair-{spec_a.name}+{spec_b.name}", trace=False)
+    run = backend.execute_shared(request, RunOptions(run_name=f"pair-{spec_a.name}+{spec_b.name}", trace=False))
     failed = [r for r in run.members if r.exit_code != 0]
     if failed:
         first = failed[0]

@@ -33,9 +33,9 @@ class CountingBackend(LocalBackend):
         super().__init__(workdir)
         self.runs = 0
 
-    def execute(self, spec, plan, **options):  # type: ignore[override]
+    def execute(self, spec, plan, options=None, **fields):  # type: ignore[no-untyped-def]
         self.runs += 1
-        return super().execute(spec, plan, **options)
+        return super().execute(spec, plan, options, **fields)
 
 
 def _job(tmp_path: Path, code: str, *args: str, **kw) -> JobSpec:

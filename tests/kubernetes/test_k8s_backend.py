@@ -11,12 +11,12 @@ from fake_kube_api import ContainerOutcome, ContainerView, FakeKubeApi
 
 from carbonflow.execution.k8s_manifests import KubernetesSettings
 from carbonflow.execution.kubernetes import (
-    RESULT_LINE_PREFIX,
     KubernetesBackend,
     KubernetesRunError,
     merge_ranks,
-    parse_result_text,
+    parse_signed_result,
 )
+from carbonflow.execution.signing import RESULT_KEY_ENV, new_result_key, result_line, sign_result
 from carbonflow.execution.wrapper import WrappedRun
 from carbonflow.models import Config, DeviceEnergy, ForecastPoint, JobSpec, Plan
 
@@ -86,6 +86,11 @@ def container_result(view: ContainerView, *, energy_j: float = 1000.0, accuracy:
     )
 
 
+def signed(view: ContainerView, run: WrappedRun) -> str:
+    """The run as its wrapper writes it to the termination log: signed with the run's key from its environment."""
+    return sign_result(run.model_dump_json(), view.env[RESULT_KEY_ENV])
+
+
 @pytest.fixture
 def kube(tmp_path):
     seen: list[ContainerView] = []
@@ -95,7 +100,7 @@ def kube(tmp_path):
         result = container_result(view)
         return ContainerOutcome(
             exit_code=0,
-            termination_message=result.model_dump_json(),
+            termination_message=signed(view, result),
             log="epoch 1 loss 0.3\n",
             pending_reads=1,
             running_reads=2,
@@ -139,7 +144,7 @@ def test_one_container_runs_as_a_pod_and_everything_is_deleted(kube):
 def test_several_containers_run_as_indexed_job_with_ranks(tmp_path):
     def behaviour(view: ContainerView) -> ContainerOutcome:
         return ContainerOutcome(
-            termination_message=container_result(view).model_dump_json(indent=2), pending_reads=1, running_reads=2
+            termination_message=signed(view, container_result(view)), pending_reads=1, running_reads=2
         )
 
     def node_for(pod: dict) -> str:  # ranks 0 and 1 share a node, rank 2 has its own
@@ -185,7 +190,8 @@ def test_result_falls_back_to_the_log_when_the_termination_message_is_too_long(t
         result.notes = ["x" * 300] * 20  # > 4096 bytes: the kubelet truncates the termination message
         text = result.model_dump_json()
         assert len(text) > 4096
-        return ContainerOutcome(termination_message=text, log=f"training...\n{RESULT_LINE_PREFIX}{text}\nbye\n")
+        line = result_line(text, view.env[RESULT_KEY_ENV])
+        return ContainerOutcome(termination_message=signed(view, result), log=f"training...\n{line}\nbye\n")
 
     with FakeKubeApi(behaviour) as api:
         backend = backend_for_path(api, tmp_path)
@@ -244,7 +250,7 @@ def test_a_failed_restore_is_reported_on_the_error(tmp_path):
 
 def test_failed_exit_code_is_kept_when_the_wrapper_wrote_a_result(tmp_path):
     def behaviour(view: ContainerView) -> ContainerOutcome:
-        return ContainerOutcome(exit_code=1, termination_message=container_result(view).model_dump_json())
+        return ContainerOutcome(exit_code=1, termination_message=signed(view, container_result(view)))
 
     with FakeKubeApi(behaviour) as api:
         result = backend_for_path(api, tmp_path).execute(make_spec(), make_plan(1))
@@ -305,13 +311,14 @@ def test_fake_api_rejects_invalid_objects_like_a_server(kube):
     assert err.value.status == 422
 
 
-def test_parse_result_text_and_merge_bad_input():
-    assert parse_result_text(None) is None
-    assert parse_result_text("no json here\n{not json}") is None
+def test_parse_signed_result_and_merge_bad_input():
+    key = new_result_key()
+    assert parse_signed_result(None, key) == (None, [])
+    assert parse_signed_result("no json here\n{not json}", key) == (None, [])
     with pytest.raises(ValueError, match=r"ranks=\[\]"):
         merge_ranks([])
-    text = json.dumps({"job": "x"})
-    assert parse_result_text(text) is None  # not a WrappedRun
+    run, refused = parse_signed_result(sign_result(json.dumps({"job": "x"}), key), key)
+    assert run is None and "not a WrappedRun" in refused[0]  # signed, but not a WrappedRun
 
 
 def test_profile_mode_passes_the_step_budget_to_the_wrapper(kube):

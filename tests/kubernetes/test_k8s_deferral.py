@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 from fake_kube_api import ContainerOutcome, ContainerView, FakeKubeApi
-from test_k8s_backend import container_result
+from test_k8s_backend import container_result, signed
 
 from carbonflow.models import Config, Profile, ProfilePoint
 from carbonflow.operators.training import CarbonAwareTrainingOperator
@@ -84,7 +84,7 @@ def test_the_task_defers_on_its_pod_and_another_worker_resumes_it(tmp_path) -> N
     def behaviour(view: ContainerView) -> ContainerOutcome:
         now = datetime.now(UTC)  # the wrapper in the pod records wall-clock times
         result = container_result(view).model_copy(update={"started_at": now - timedelta(seconds=100), "ended_at": now})
-        return ContainerOutcome(exit_code=0, termination_message=result.model_dump_json(), pending_reads=2,
+        return ContainerOutcome(exit_code=0, termination_message=signed(view, result), pending_reads=2,
                                 running_reads=6)  # fmt: skip
 
     api = _api(tmp_path, behaviour)
@@ -148,7 +148,7 @@ def test_a_colocated_pair_runs_as_two_pods_on_one_shared_gpu_and_sets_its_limit_
         seen.append(view)
         now = datetime.now(UTC)
         result = container_result(view).model_copy(update={"started_at": now - timedelta(seconds=60), "ended_at": now})
-        return ContainerOutcome(exit_code=0, termination_message=result.model_dump_json(), running_reads=3)
+        return ContainerOutcome(exit_code=0, termination_message=signed(view, result), running_reads=3)
 
     api = _api(tmp_path, behaviour)
     night = _night(api)
@@ -286,7 +286,7 @@ def test_training_task_is_deferred_while_pod_runs(tmp_path, airflow_db, monkeypa
     def behaviour(view: ContainerView) -> ContainerOutcome:
         now = datetime.now(UTC)
         result = container_result(view).model_copy(update={"started_at": now - timedelta(seconds=100), "ended_at": now})
-        return ContainerOutcome(exit_code=0, termination_message=result.model_dump_json(), running_reads=8)
+        return ContainerOutcome(exit_code=0, termination_message=signed(view, result), running_reads=8)
 
     states, observed, api = _dag_test(tmp_path, monkeypatch, "k8s_deferral_ok", behaviour)
     *waits, deferred, resumed = observed  # waits for the carbon window, then on its pod, then after the pod ended
@@ -325,7 +325,7 @@ def test_a_user_killing_the_deferred_task_deletes_its_pod_through_the_trigger(tm
     faithful fake), limits restored — and does nothing once the trigger has fired."""
 
     def behaviour(view: ContainerView) -> ContainerOutcome:
-        return ContainerOutcome(exit_code=0, termination_message=container_result(view).model_dump_json(),
+        return ContainerOutcome(exit_code=0, termination_message=signed(view, container_result(view)),
                                 pending_reads=1, running_reads=10_000)  # trains until it is killed  # fmt: skip
 
     api = _api(tmp_path, behaviour)
