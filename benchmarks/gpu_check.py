@@ -72,7 +72,7 @@ LOWERED_FRACTION = 0.8
 """``--control full`` lowers the limit to this fraction of the current one (within the GPU's range)."""
 PHASES = ("warmup", "steady", "light")
 PHASE_SHARES = {"warmup": 0.15, "steady": 0.6, "light": 0.25}
-RESERVED_S = {"real": 150.0, "fake": 40.0}
+RESERVED_S = {"real": 180.0, "fake": 40.0}
 """Seconds of ``--minutes`` kept for start-up, identity and control; the rest goes to the energy phases."""
 MARKER_TIMEOUT_S = {"real": 180.0, "fake": 60.0}
 SCENARIO_S = {"real": 30.0, "fake": 3.0}
