@@ -129,12 +129,13 @@ def start_child(
     """Start the training under its guard (:mod:`carbonflow.execution.guard`) as a new process group.
 
     The guard dies with the wrapper and takes every process of the training with it; it and the training hold
-    the GPUs' leases meanwhile. Only the training gets ``env`` and ``cwd`` (sent on a pipe); the guard runs
-    with an empty environment. The training's exit status is the guard's (a signal death N as ``128 + N``).
+    the GPUs' leases meanwhile. Only the training gets ``env`` and ``cwd`` (default: the wrapper's; sent on a
+    pipe); the guard runs with an empty environment in ``/``. The training's exit status is the guard's (a
+    signal death N as ``128 + N``).
     """
     fds = tuple(lease.fds) if lease is not None else ()
     owner = training_owner()
-    setup = {"env": env, "cwd": cwd, "fds": list(fds), "uid": owner[0] if owner else None,
+    setup = {"env": env, "cwd": cwd or os.getcwd(), "fds": list(fds), "uid": owner[0] if owner else None,
              "gid": owner[1] if owner else None}  # fmt: skip
     setup_r, setup_w = os.pipe()
     report_r, report_w = os.pipe()

@@ -65,7 +65,7 @@ def with_connection_env(spec: JobSpec) -> JobSpec:
                 f"env_from_connections.{name}: Airflow connection {conn_id!r} of job {spec.name!r} cannot be read "
                 f"({type(err).__name__}); define it (Admin → Connections, or AIRFLOW_CONN_{conn_id.upper()})"
             ) from None
-    return spec.model_copy(update={"env": {**spec.env, **resolved}})
+    return spec.model_copy(update={"env": {**spec.env, **resolved}, "env_from_connections": {}})
 
 
 def state_with_connection_env(state: WaitState) -> WaitState:

@@ -86,7 +86,7 @@ DUMP_ENV = """
 import json, os, sys
 guard = open(f"/proc/{os.getppid()}/environ", "rb").read().decode(errors="replace")
 out = os.path.join(os.environ["CARBONFLOW_OUTPUT_DIR"], "env.json")
-json.dump({"env": dict(os.environ), "guard_environ": guard}, open(out, "w"))
+json.dump({"env": dict(os.environ), "guard_environ": guard, "cwd": os.getcwd()}, open(out, "w"))
 """
 
 
@@ -113,6 +113,7 @@ def test_training_env_holds_no_airflow_secrets(node: FakeNode) -> None:
     assert env["LANG"] == env["LC_ALL"] == "C.UTF-8" and env["PATH"] and env["HOME"]  # the allow-list
     assert env["OPENBLAS_CORETYPE"] == "Haswell"
     assert seen["guard_environ"] == "", "the guard starts with an empty environment"
+    assert seen["cwd"] == os.getcwd(), "no working_dir: the training starts where the wrapper runs (not the guard's /)"
 
 
 def test_the_training_allow_list_is_short_and_named() -> None:

@@ -140,7 +140,8 @@ try:
     seen["zeusd"] = s.recv(100).decode(errors="replace")
 except OSError as err:
     seen["zeusd"] = type(err).__name__
-journal_dir = os.environ["CARBONFLOW_POWER_JOURNAL_DIR"]
+journal_dir = sys.argv[3]  # the pod's journal folder (the training's environment does not name it)
+seen["journal_env"] = os.environ.get("CARBONFLOW_POWER_JOURNAL_DIR")
 seen["journals"] = sorted(os.path.basename(p) for p in glob.glob(os.path.join(journal_dir, "*.json")))
 for name, attack in (("move", lambda p: os.rename(p, p + ".moved")), ("remove", os.remove),
                      ("overwrite", lambda p: open(p, "w").write("{}"))):
@@ -168,13 +169,15 @@ def test_the_users_command_in_a_pod_cannot_set_a_power_limit_or_move_its_journal
     probe.chmod(0o644)
     out.mkdir(mode=0o777)
     out.chmod(0o777)
-    command = ["python", str(probe), KubernetesSettings().zeusd_socket_path, str(out / "seen.json")]
+    settings = KubernetesSettings()
+    command = ["python", str(probe), settings.zeusd_socket_path, str(out / "seen.json"),
+               settings.power_journal_host_dir]  # fmt: skip
     handle = backend.start(*_job(command))
     pod = handle.details["pod"]
     _lowered_while_running(gpu_node, backend, handle)
     _wait(lambda: (out / "seen.json").exists())
     seen = json.loads((out / "seen.json").read_text())
-    assert seen["uid"] == 1000 and seen["groups"] == [] and seen["zeusd_env"] is None
+    assert seen["uid"] == 1000 and seen["groups"] == [] and seen["zeusd_env"] is None and seen["journal_env"] is None
     assert seen["zeusd"] == "PermissionError", "the socket is root's, mode 660"
     assert seen["journals"] == [f"{gpu_node.node.uuids()[1]}.json"], "it sees its own pod's journal only"
     assert seen["move"] == seen["remove"] == seen["overwrite"] == "PermissionError"
