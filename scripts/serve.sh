@@ -20,8 +20,12 @@
 #   CARBONFLOW_CELERY_BROKER_URL   the Celery broker (default redis://127.0.0.1:6379/0)
 #   CARBONFLOW_CELERY_WORKERS  how many Celery workers to start (default 2); worker N and the triggerer each get
 #                              their own CARBONFLOW_HOME under $CARBONFLOW_HOME/hosts/, as if on separate hosts
-# Auth: SimpleAuthManager with every user an admin (a local development stack): get a REST API token with
-#   curl -s http://127.0.0.1:$PORT/auth/token   (GET, no credentials) and send "Authorization: Bearer <token>".
+#   CARBONFLOW_SERVE_AUTH      password (default) or all-admins (see Auth)
+# Every port is bound to 127.0.0.1 only. stack.env and every secret are written mode 0600.
+# Auth: SimpleAuthManager with one user, admin, whose password serve.sh generates at first start into
+#   $CARBONFLOW_HOME/airflow/simple_auth_manager_passwords.json (mode 0600; printed where, never what). A REST
+#   API token: POST {"username": "admin", "password": ...} to http://127.0.0.1:$PORT/auth/token.
+#   CARBONFLOW_SERVE_AUTH=all-admins: no login, every local user who can reach the port is admin (tests only).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -77,9 +81,42 @@ SECRET_FILE="$AIRFLOW_HOME_DIR/jwt_secret"
 if [[ ! -s "$SECRET_FILE" ]]; then
   (umask 077 && "$VENV/bin/python" -c 'import secrets; print(secrets.token_urlsafe(32))' > "$SECRET_FILE")
 fi
+chmod 0600 "$SECRET_FILE"
+
+# Who may log in: one admin with a generated password (Airflow would print a password it generates to its log).
+AUTH="${CARBONFLOW_SERVE_AUTH:-password}"
+ADMIN_USER=admin
+PASSWORDS_FILE="$AIRFLOW_HOME_DIR/simple_auth_manager_passwords.json"
+case "$AUTH" in
+  password)
+    ALL_ADMINS=False
+    "$VENV/bin/python" - "$PASSWORDS_FILE" "$ADMIN_USER" <<'PY' || exit 2
+import json, os, secrets, sys
+path, user = sys.argv[1], sys.argv[2]
+try:
+    with open(path) as f:
+        users = json.loads(f.read().strip() or "{}")
+except FileNotFoundError:
+    users = {}
+if not isinstance(users, dict):
+    sys.exit(f"serve: {path} is not a JSON object of user: password; move it away and start again")
+if not users.get(user):
+    users[user] = secrets.token_urlsafe(18)
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(users) + "\n")
+    os.replace(path + ".tmp", path)
+os.chmod(path, 0o600)
+PY
+    ;;
+  all-admins) ALL_ADMINS=True ;;
+  *) echo "serve: CARBONFLOW_SERVE_AUTH='$AUTH' is not allowed; use password or all-admins" >&2; exit 2 ;;
+esac
 
 # The environment of every process, also written to stack.env so that `source .carbonflow/stack.env`
-# points a shell's airflow/mlflow/carbonflow commands at this stack.
+# points a shell's airflow/mlflow/carbonflow commands at this stack. It holds the JWT secret: mode 0600.
+rm -f "$HOME_DIR/stack.env"
+(umask 077 && : > "$HOME_DIR/stack.env")
 cat > "$HOME_DIR/stack.env" <<EOF
 export CARBONFLOW_HOME="$HOME_DIR"
 export AIRFLOW_HOME="$AIRFLOW_HOME_DIR"
@@ -90,7 +127,9 @@ export AIRFLOW__CORE__EXECUTOR=$EXECUTOR_CLASS
 export AIRFLOW__CORE__PARALLELISM=4
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://127.0.0.1:$AIRFLOW_PORT/execution/"
 export AIRFLOW__CORE__AUTH_MANAGER=airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager
-export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS=True
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS=$ALL_ADMINS
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="$ADMIN_USER:admin"
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE="$PASSWORDS_FILE"
 export AIRFLOW__API__PORT="$AIRFLOW_PORT"
 export AIRFLOW__API__HOST=127.0.0.1
 export AIRFLOW__API__BASE_URL="http://127.0.0.1:$AIRFLOW_PORT"
@@ -190,12 +229,20 @@ while (( SECONDS < deadline )); do
 done
 (( mlflow_ok && airflow_ok )) || fail "not healthy after ${TIMEOUT_S}s (mlflow=$mlflow_ok airflow=$airflow_ok): $(health_json)"
 
+if [[ "$AUTH" == password ]]; then
+  WHO="user $ADMIN_USER, password in $PASSWORDS_FILE (mode 0600)"
+  TOKEN="curl -s -X POST -H 'Content-Type: application/json' -d '{\"username\": \"$ADMIN_USER\", \"password\": \"…\"}' http://127.0.0.1:$AIRFLOW_PORT/auth/token"
+else
+  WHO="no login: every local user who can reach 127.0.0.1:$AIRFLOW_PORT is admin (CARBONFLOW_SERVE_AUTH=all-admins)"
+  TOKEN="curl -s http://127.0.0.1:$AIRFLOW_PORT/auth/token"
+fi
 cat <<EOF
-serve: stack is up
-  Airflow UI      http://127.0.0.1:$AIRFLOW_PORT   (every user is admin; Carbon page under Browse → Carbon)
+serve: stack is up (listening on 127.0.0.1 only)
+  Airflow UI      http://127.0.0.1:$AIRFLOW_PORT   (Carbon page under Browse → Carbon)
+  Airflow admin   $WHO
   Carbon page     http://127.0.0.1:$AIRFLOW_PORT/carbonflow/carbon
-  MLflow          http://127.0.0.1:$MLFLOW_PORT
-  REST API token  curl -s http://127.0.0.1:$AIRFLOW_PORT/auth/token
+  MLflow          http://127.0.0.1:$MLFLOW_PORT   (no login: reachable from this machine only)
+  REST API token  $TOKEN
   environment     source $HOME_DIR/stack.env
   stop            scripts/stop.sh
 EOF

@@ -59,6 +59,7 @@ class Stack:
             "CARBONFLOW_VENV": str(Path(sys.executable).parent.parent),
             "CARBONFLOW_REPLAY": "1",  # replay the shipped NESO data: no live API, waiting in replayed time
             "CARBONFLOW_CARBON_MODE": "replay",
+            "CARBONFLOW_SERVE_AUTH": "all-admins",  # tokens and Chromium's login without a password (tests only)
         }
         self.pgids: dict[str, int] = {}
         self.base = f"http://127.0.0.1:{self.airflow_port}"
