@@ -38,10 +38,12 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -209,6 +211,12 @@ class FakePhysics:
         self._update(False)
 
 
+def torch_sync() -> None:
+    import torch
+
+    torch.cuda.synchronize()
+
+
 def _no_step() -> None:
     """--fake without --fake-torch: the simulated GPU's padding is the whole step (no torch start-up)."""
 
@@ -235,10 +243,8 @@ def train(name: str, fake: bool, max_steps: int | None, fake_torch: bool = False
             step()
             if physics is not None:
                 physics.pace(started)
-            elif done % 4 == 3:  # report device-complete steps without a sync every step
-                import torch
-
-                torch.cuda.synchronize()
+            else:  # report device-complete steps: the report's timestamp is when the GPU finished it
+                torch_sync()
             done += 1
             training.report(done, done * batch, busy_s=physics.busy_s if physics else 0.0)
     finally:
@@ -439,6 +445,24 @@ def sweep_workload(gpu: Gpu, name: str, limits: list[float], args: argparse.Name
     return {"name": name, "config": cfg, "limits": rows}
 
 
+@contextlib.contextmanager
+def clocks_locked(gpu: Gpu, mhz: int):  # type: ignore[no-untyped-def]
+    """Lock the SM clock at ``mhz``; reset it on leaving, also when SIGTERM (a timeout) arrives meanwhile."""
+
+    def on_term(signum: int, frame: object) -> None:
+        raise SystemExit(f"signal {signum} while the SM clock was locked (reset)")
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        gpu.nv.nvmlDeviceSetGpuLockedClocks(gpu.handle, mhz, mhz)
+        try:
+            yield
+        finally:
+            gpu.nv.nvmlDeviceResetGpuLockedClocks(gpu.handle)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def locked_clock(gpu: Gpu, workload: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Information: the SM clock seen at the best-energy limit, locked at the highest limit, measured."""
     best = min(workload["limits"], key=lambda r: r["energy_per_sample_j"])
@@ -447,17 +471,11 @@ def locked_clock(gpu: Gpu, workload: dict[str, Any], args: argparse.Namespace) -
     mhz = int(best["sm_clock_mhz"])
     training = Training.start(workload["name"], args)
     try:
-        try:
-            training.wait_started(args.start_timeout_s)
-        except RuntimeError as exc:
-            return {"measured": False, "why": str(exc)}
-        gpu.nv.nvmlDeviceSetGpuLockedClocks(gpu.handle, mhz, mhz)
-        try:
+        training.wait_started(args.start_timeout_s)
+        with clocks_locked(gpu, mhz):
             w = measure_window(gpu, [training], args.warmup_s, args.pair_steady_s)
-        finally:
-            gpu.nv.nvmlDeviceResetGpuLockedClocks(gpu.handle)
-    except gpu.nv.NVMLError as exc:
-        return {"measured": False, "why": f"nvmlDeviceSetGpuLockedClocks({mhz} MHz) refused: {exc}"}
+    except (gpu.nv.NVMLError, RuntimeError) as exc:  # information only: say why, keep the rest of the run
+        return {"measured": False, "why": f"locking the SM clock at {mhz} MHz: {type(exc).__name__}: {exc}"}
     finally:
         training.stop()
     tput = w["per"][workload["name"]]["samples_per_s"]
@@ -879,7 +897,9 @@ def phases(gpu: Gpu, args: argparse.Namespace, budget: Budget, result: dict[str,
     timed = result.setdefault("phase_s", {})
     print(f"sweep at {limits} W on {gpu.info['name']}", flush=True)
     with _timed(timed, "sweep"):
-        result["workloads"] = [sweep_workload(gpu, n, limits, args) for n in WORKLOADS]
+        result["workloads"] = []  # filled as each finishes: a run stopped later keeps them
+        for name in WORKLOADS:
+            result["workloads"].append(sweep_workload(gpu, name, limits, args))
     with _timed(timed, "profiles"):
         profiles = planner_phase(gpu, args, result, limits)
     with _timed(timed, "pair"):
@@ -910,12 +930,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                "pair speeds: checks the plumbing, not the hardware")  # fmt: skip
     try:
         phases(gpu, args, budget, result)
-        result["gpu"]["limit_at_end_w"] = gpu.dev.power_limit_w()
+        result["summary"] = summary(result)
+    except Exception as exc:  # a one-shot device run: keep what was measured, and why it stopped
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
     finally:
+        result["gpu"]["limit_at_end_w"] = gpu.dev.power_limit_w()
+        result["wall_s"] = round(time.monotonic() - budget.started, 1)
         if not args.keep_workdir:
             shutil.rmtree(args.workdir, ignore_errors=True)
-    result["summary"] = summary(result)
-    result["wall_s"] = round(time.monotonic() - budget.started, 1)
     return result
 
 
@@ -995,6 +1018,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    if "error" in result:
+        print(f"gpu_sweep stopped: {result['error']}; what it measured is in {out}")
+        return 1
     trace = (out.parent / "gpu_sweep_trace.csv") if args.fake else TRACE_DIR / "trace.csv"
     write_trace(trace, result)
     if not args.fake:

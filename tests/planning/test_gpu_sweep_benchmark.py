@@ -312,3 +312,17 @@ def test_trace_readme_states_provenance_and_licence(fake_run, tmp_path):
     text = (tmp_path / "README.md").read_text()
     for needed in (result["gpu"]["name"], result["gpu"]["driver"], result["date"], "Apache-2.0", "issue #27"):
         assert needed in text
+
+
+def test_a_run_that_stops_still_writes_what_it_has_and_why(tmp_path):
+    """Finding: a one-shot device run that failed part-way left nothing to read; it now writes the error."""
+    out = tmp_path / "gpu_sweep.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), *FAST_FAKE, "--start-timeout-s", "0.001", "--out", str(out)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert "reported no step" in result["error"]
+    assert result["label"] == "fake" and result["workloads"] == []
+    assert result["gpu"]["limit_at_end_w"] == result["gpu"]["limit_at_start_w"]
