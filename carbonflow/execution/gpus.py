@@ -26,7 +26,10 @@ from carbonflow.execution.errors import GpuUnavailable
 
 DEFAULT_GPU_WAIT_S = 300.0
 GUARD_PATH = Path(__file__).with_name("guard.py")
-"""Run by path with ``-I``: the guard imports nothing of carbonflow and nothing from its working directory."""
+"""Run by path: the guard imports nothing of carbonflow (nor of its dependencies)."""
+GUARD_FLAGS = ("-I", "-S")
+"""Isolated (no ``PYTHON*`` variable, no user site, no working directory or script folder on ``sys.path``) and
+without ``site`` (no ``.pth`` file of the environment runs): the guard needs the standard library only."""
 
 
 def gpu_wait_s() -> float:
@@ -141,7 +144,7 @@ def start_child(
     report_r, report_w = os.pipe()
     try:
         child = GuardedChild(
-            [sys.executable, "-I", str(GUARD_PATH), str(setup_r), str(report_w), "--", *command],
+            [sys.executable, *GUARD_FLAGS, str(GUARD_PATH), str(setup_r), str(report_w), "--", *command],
             env={}, cwd="/", start_new_session=True, pass_fds=(*fds, setup_r, report_w),
         )  # fmt: skip
     except BaseException:

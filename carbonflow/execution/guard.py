@@ -1,11 +1,12 @@
 """The training's guard: the process between the wrapper and the training that takes the training down with it.
 
-``python -I guard.py SETUP_FD REPORT_FD -- CMD...`` runs in the training's process group (the wrapper starts
+``python -I -S guard.py SETUP_FD REPORT_FD -- CMD...`` runs in the training's process group (the wrapper starts
 it as the group's leader). It starts clean: an isolated interpreter (``-I``: no ``PYTHON*`` variable, no user
-site, neither its working directory nor its own folder on ``sys.path``), an empty environment and ``/`` as its
-working directory, so nothing of the job — no ``LD_PRELOAD``, no ``sitecustomize.py`` — runs in it while it
-may still be root. The training's environment, working directory, user and the lease fds come separately, as
-JSON on the pipe ``SETUP_FD`` that only the wrapper writes; only the training child gets them.
+site, neither its working directory nor its own folder on ``sys.path``; ``-S``: no ``site``, so no ``.pth``
+file runs), an empty environment and ``/`` as its working directory, so nothing of the job — no
+``LD_PRELOAD``, no ``sitecustomize.py`` — runs in it while it may still be root. The training's environment,
+working directory, user and the lease fds come separately, as JSON on the pipe ``SETUP_FD`` that only the
+wrapper writes; only the training child gets them.
 
 It makes itself a child subreaper, so every process the training starts stays its descendant even when it
 leaves the training's session (``setsid``, ``torchrun`` ranks) and its parent dies. When the training ends,
@@ -42,7 +43,7 @@ SWEEP_POLL_S = 0.01
 
 def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
-        print("usage: python -I guard.py SETUP_FD REPORT_FD -- CMD...", file=sys.stderr)
+        print("usage: python -I -S guard.py SETUP_FD REPORT_FD -- CMD...", file=sys.stderr)
         return 2
     setup, report_fd, command = _read_setup(int(argv[0])), int(argv[1]), argv[3:]
     parent = os.getppid()

@@ -202,11 +202,13 @@ def test_guard_never_imports_a_jobs_sitecustomize(planted, monkeypatch: pytest.M
 
 
 # --- finding 3: every descendant is tracked ------------------------------------------------------------
-def _escaping_training(pid_file: Path, sleep_s: float) -> list[str]:
+def _escaping_training(pid_file: Path, sleep_s: float, *, ignore_sigterm: bool = False) -> list[str]:
     """A training whose forked child leaves its session (``setsid``), closes every inherited fd (the GPU
     lease included) and trains on; the training itself sleeps ``sleep_s`` (0: exits at once)."""
     code = textwrap.dedent(f"""
-        import os, time
+        import os, signal, time
+        if {ignore_sigterm!r}:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         pid = os.fork()
         if pid == 0:
             os.setsid()
@@ -273,5 +275,24 @@ def test_the_lease_is_held_until_every_descendant_is_gone(node: FakeNode, tmp_pa
     assert time.monotonic() - start < 60
     notes = _result(node, "daemon")["notes"]
     assert "killed 1 process the training left behind" in notes, notes
+    assert not lease_is_held(node.uuids()[0], node.lease_dir)
+    assert node.lowered() == 0
+
+
+def test_a_stop_whose_grace_runs_out_kills_the_escaped_rank_too(node: FakeNode, tmp_path: Path) -> None:
+    """SIGTERM to the wrapper; the training ignores it and its rank left the session: when the grace period runs
+    out the guard kills both (before: SIGKILL of the process group, which the rank is not in)."""
+    from carbonflow.energy.lease import lease_is_held
+
+    rank_file = tmp_path / "rank.pid"
+    proc = _wrapper(node, "stubborn", _escaping_training(rank_file, 120, ignore_sigterm=True))
+    rank = started(rank_file)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        code, stderr = node.finish(proc, timeout_s=60)
+        assert not alive(rank), "the wrapper ended while the escaped rank still ran"
+    finally:
+        _gone(rank)
+    assert code == 128 + signal.SIGTERM, stderr
     assert not lease_is_held(node.uuids()[0], node.lease_dir)
     assert node.lowered() == 0
