@@ -8,6 +8,7 @@ the trigger's kwargs, the job file other users could read, the task log or the M
 from __future__ import annotations
 
 import json
+import os
 import stat
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +32,10 @@ DUMP = """
 import json, os
 out = os.path.join(os.environ["CARBONFLOW_OUTPUT_DIR"], "env.json")
 json.dump(dict(os.environ), open(out, "w"))
+wrapper = open(f"/proc/{os.getppid()}/stat").read().rsplit(")", 1)[1].split()[1]  # the guard's parent
+wrapper_env = open(f"/proc/{wrapper}/environ", "rb").read().decode(errors="replace")
+wrapper_argv = open(f"/proc/{wrapper}/cmdline", "rb").read().decode(errors="replace").split(chr(0))
+json.dump({"env": wrapper_env.split(chr(0)), "argv": wrapper_argv}, open(out + ".wrapper", "w"))
 open(os.environ["CARBONFLOW_PROGRESS_FILE"], "a").write(json.dumps({"step": 1, "samples": 8}) + "\\n")
 """
 
@@ -71,6 +76,21 @@ def test_declared_connection_reaches_the_training_only(tmp_path: Path, connectio
     assert stat.S_IMODE(job_file.stat().st_mode) == 0o600, "the job file holds the secret: its owner's only"
     assert SECRET not in (tmp_path / "runs" / "train" / "training.log").read_text()
     assert SECRET not in run.model_dump_json()
+
+
+def test_a_local_wrapper_starts_without_the_workers_credentials(tmp_path: Path, connections: None) -> None:
+    """The wrapper's own environment (which a training of its user could read in /proc) holds no credential of
+    the worker (this test process has Airflow's DB URL and two connections), and its interpreter ignores the
+    user's site-packages and never puts its working directory on sys.path."""
+    assert "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" in os.environ, "the test would prove nothing"
+    spec = _spec(tmp_path).model_copy(update={"env_from_connections": {}})
+    run = LocalBackend(tmp_path / "runs").execute(spec, _plan(spec), trace=False)
+    assert run.exit_code == 0
+    wrapper = json.loads((Path(run.output_dir) / "env.json.wrapper").read_text())
+    names = [entry.split("=", 1)[0] for entry in wrapper["env"] if "=" in entry]
+    assert names and not [n for n in names if n.startswith(("AIRFLOW__", "AIRFLOW_CONN_", "MLFLOW_TRACKING_"))]
+    assert not any(UNDECLARED in entry or SECRET in entry for entry in wrapper["env"])
+    assert wrapper["argv"][1:5] == ["-s", "-P", "-m", "carbonflow.cli"]
 
 
 def test_a_declared_connection_is_never_in_the_mlflow_record(tmp_path: Path, connections: None) -> None:
