@@ -23,7 +23,7 @@ from carbonflow.operators.triggers import CarbonWindowTrigger, KubernetesRunTrig
 from carbonflow.session import CarbonSource, RunSession, SessionClock, WaitState
 from carbonflow.session.clock import DEFAULT_DEADLINE_TIME_UTC, next_deadline
 from carbonflow.session.source import finish_by_on_clock, session_clock
-from carbonflow.tracking.held import HELD_RUNS_XCOM_KEY, hold_run
+from carbonflow.tracking.held import HELD_RUNS_XCOM_KEY, hold_runs
 
 
 class TrainingFailed(RuntimeError):
@@ -235,12 +235,12 @@ class CarbonAwareTrainingOperator(BaseOperator):
         return self._report(context, outcome)
 
     def _report(self, context: Any, outcome: Any) -> Any:
-        held = [hold_run(t) for t in outcome.held]
+        held, not_held = hold_runs(outcome.held)  # a run too big for XCom stays in the spool: told, not failed
         if held:  # MLflow down: the records also wait in the metadata DB, for the deliver task
             context["ti"].xcom_push(key=HELD_RUNS_XCOM_KEY, value=held)
         if outcome.failures:  # on_failure_callback hears these
             raise TrainingFailed("; ".join(outcome.failures))
-        tell(self, context, outcome.warnings)
+        tell(self, context, [*outcome.warnings, *not_held])
         if self.gpu_group is None:  # one job: the outcome of that job, as before
             return outcome.jobs[0].to_json()
         return outcome.to_json()

@@ -206,3 +206,20 @@ def _artifact_names(record: RunRecord) -> list[ArtifactFile]:
     for child in record.children:
         out.extend(_artifact_names(child))
     return out
+
+
+def hold_runs(trackings: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """:func:`hold_run` of each spooled run: (the held runs, a warning for each run refused as too big).
+
+    A refused run is not lost: it stays in the worker's spool. The training task must not fail for it (a retry
+    would train again), so the caller tells the warnings instead.
+    """
+    held: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    for tracking in trackings:
+        try:
+            held.append(hold_run(tracking))
+        except HeldRunRefused as err:
+            log.warning("%s", err)
+            warnings.append(str(err))
+    return held, warnings

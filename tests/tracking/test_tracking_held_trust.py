@@ -26,6 +26,7 @@ from carbonflow.tracking.held import (
     HeldRunRefused,
     deliver_held,
     hold_run,
+    hold_runs,
 )
 from carbonflow.tracking.records import ArtifactFile, RunRecord, SpoolEntryMeta, TrackingOutcome
 from carbonflow.tracking.spool import write_spool
@@ -136,6 +137,12 @@ def test_held_run_over_the_size_cap_is_refused(home: Path, tmp_path: Path) -> No
     with pytest.raises(HeldRunRefused, match=rf"held run {key} is \d+ KiB without any file, over the "
                        rf"{HELD_RUN_MAX_KIB} KiB cap \(HELD_RUN_MAX_KIB\).*stays in this worker's spool"):  # fmt: skip
         hold_run(_spooled(home, big))
+    # the training task is told, not failed (a retry would train again): the run stays in the spool
+    small = _record(f"small-{uuid.uuid4().hex[:8]}")
+    held, warnings = hold_runs([_spooled(home, big.model_copy(update={"idempotency_key": key + "-2"})),
+                                _spooled(home, small)])  # fmt: skip
+    assert [h["entry"]["record"]["idempotency_key"] for h in held] == [small.idempotency_key]
+    assert len(warnings) == 1 and "stays in this worker's spool" in warnings[0]
     # a file over the cap stays on the worker; the held run is within the cap and says what it left
     model, plan = tmp_path / "model.pt", tmp_path / "plan.json"
     model.write_bytes(os.urandom(HELD_RUN_MAX_KIB * 1024))
