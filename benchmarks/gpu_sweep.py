@@ -793,7 +793,8 @@ def write_plot(path: Path, result: dict[str, Any]) -> None:
         rows = sorted(w["limits"], key=lambda r: r["limit_w"])
         ax.plot([r["limit_w"] for r in rows], [r["energy_per_sample_j"] for r in rows], "o-")
         choice = result["planner_choice_vs_sweep_best"][w["name"]]["energy"]
-        ax.axvline(choice["chosen_limit_w"], ls="--", color="grey", label="planner (energy)")
+        ax.axvline(choice["chosen_limit_w"], ls="--", color="grey", label="planner's choice (energy)")
+        ax.axvline(choice["sweep_best_limit_w"], ls=":", color="green", label="sweep's best (energy)")
         ax.set(title=f"{w['name']} ({result['label']})", xlabel="power limit (W)", ylabel="energy per sample (J)")
         ax.legend()
     fig.suptitle(f"{result['gpu']['name']}, driver {result['gpu']['driver']}, {result['date']}", fontsize=9)
