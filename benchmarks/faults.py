@@ -81,6 +81,7 @@ class FaultOutcome:
     runs_lost: int = 0
     runs_duplicated: int = 0
     variant: str = ""  # the branch this injection took (see DISTINCT_PATHS); "" for a kind with one path
+    detail: str = ""  # why a counter rose (e.g. the end of a failed wrapper's stderr), for the report
 
     def counts(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in COUNTERS}
@@ -164,9 +165,15 @@ def wrapper_sigkill_with_grandchild(rng: random.Random, root: Path) -> FaultOutc
         wait_for(lambda: not alive(child) and not alive(grandchild), timeout_s=15)
     duplicated = int(alive(child) or alive(grandchild))
     retry = node.wrapper("retry", _limit(rng), training(root / "r", seconds=0.2))
-    code, _ = node.finish(retry)
+    code, err = node.finish(retry)
     _kill_all(child, grandchild)
-    return FaultOutcome(power_limits_left_lowered=node.lowered(), runs_duplicated=duplicated, runs_lost=int(code != 0))
+    return FaultOutcome(power_limits_left_lowered=node.lowered(), runs_duplicated=duplicated, runs_lost=int(code != 0),
+                        detail=_failed(code, err))  # fmt: skip
+
+
+def _failed(code: int, stderr: str) -> str:
+    """A failed wrapper's exit code and the end of its stderr ('' when it succeeded)."""
+    return "" if code == 0 else f"exit {code}: {stderr.strip()[-400:]}"
 
 
 def two_wrappers_racing(rng: random.Random, root: Path) -> FaultOutcome:
@@ -203,7 +210,8 @@ def _race(rng: random.Random, node: FakeNode, root: Path, *, homes: bool) -> Fau
         home = {"CARBONFLOW_HOME": str(root / f"home{i}")} if homes else {}
         procs.append(node.wrapper(f"r{i}", _limit(rng), training(root / f"t{i}", seconds=0.6),
                                   CARBONFLOW_GPU_WAIT_S="30", **home))  # fmt: skip
-    codes = [node.finish(p, timeout_s=120)[0] for p in procs]
+    ends = [node.finish(p, timeout_s=120) for p in procs]
+    codes = [code for code, _ in ends]
     spans = [_spans(root / f"t{i}.span") for i in range(n)]
     booked = sum(
         1
@@ -212,7 +220,8 @@ def _race(rng: random.Random, node: FakeNode, root: Path, *, homes: bool) -> Fau
         if spans[i] and spans[j] and spans[i][0] == spans[j][0] and _overlap(spans[i][1], spans[j][1])
     )
     return FaultOutcome(power_limits_left_lowered=node.lowered(), gpus_double_booked=booked,
-                        runs_lost=sum(c != 0 for c in codes), variant=f"{n} runs on {n - 1} GPU(s)")  # fmt: skip
+                        runs_lost=sum(c != 0 for c in codes), variant=f"{n} runs on {n - 1} GPU(s)",
+                        detail=" | ".join(_failed(code, err) for code, err in ends if code != 0))  # fmt: skip
 
 
 RANK_LIVE_S = 4.0
@@ -262,11 +271,11 @@ def _rank_in_own_session(how: str) -> Callable[[random.Random, Path], FaultOutco
         first.kill()
         first.wait(timeout=10)
         retry = node.wrapper("retry", _limit(rng), training(root / "r", seconds=0.5), CARBONFLOW_GPU_WAIT_S="30")
-        code, _ = node.finish(retry, timeout_s=90)
+        code, err = node.finish(retry, timeout_s=90)
         booked = _beats_inside(beats, _spans(root / "r.span"))
         _kill_all(rank)
         return FaultOutcome(power_limits_left_lowered=node.lowered(), gpus_double_booked=booked,
-                            runs_lost=int(code != 0), variant=how)  # fmt: skip
+                            runs_lost=int(code != 0), variant=how, detail=_failed(code, err))  # fmt: skip
 
     return inject
 
@@ -320,8 +329,9 @@ def _stale_journal(format_version: int) -> Callable[[random.Random, Path], Fault
     def inject(rng: random.Random, root: Path) -> FaultOutcome:
         node = FakeNode(root, gpus=1)
         node.leave_lowered(0, int(_limit(rng) * 1000), format_version=format_version)
-        code, _ = node.finish(node.wrapper("next", None, ["true"]))
-        return FaultOutcome(power_limits_left_lowered=node.lowered(), runs_lost=int(code != 0))
+        code, err = node.finish(node.wrapper("next", None, ["true"]))
+        return FaultOutcome(power_limits_left_lowered=node.lowered(), runs_lost=int(code != 0),
+                            detail=_failed(code, err))  # fmt: skip
 
     return inject
 
