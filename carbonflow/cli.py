@@ -265,6 +265,7 @@ def spool_status(home: Annotated[Path | None, typer.Option(help=HOME_HELP, show_
     from carbonflow.models import utcnow
     from carbonflow.terminal import cli_console
     from carbonflow.tracking.spool import failed_entries, pending, spool_root
+    from carbonflow.tracking.uri import redacted_text, redacted_uri
 
     root = spool_root(home.resolve() if home is not None else None)
     waiting, refused = pending(root=root), failed_entries(root=root)
@@ -282,8 +283,8 @@ def spool_status(home: Annotated[Path | None, typer.Option(help=HOME_HELP, show_
     for state, entries in (("waiting", waiting), ("refused", refused)):
         for e in entries:
             age_min = (utcnow() - e.meta.spooled_at).total_seconds() / 60
-            table.add_row(state, e.record.job, e.record.kind, f"{age_min:.0f}", e.meta.tracking_uri,
-                          str(e.meta.attempts), (e.meta.last_error or "")[:60])  # fmt: skip
+            table.add_row(state, e.record.job, e.record.kind, f"{age_min:.0f}", redacted_uri(e.meta.tracking_uri),
+                          str(e.meta.attempts), redacted_text(e.meta.last_error or "")[:60])  # fmt: skip
     cli_console().print(table)
 
 

@@ -21,7 +21,13 @@ from typing import Literal
 from carbonflow.models import Profile, key_without_group
 from carbonflow.tracking import schema
 from carbonflow.tracking.spool import pending
-from carbonflow.tracking.uri import resolve_tracking_uri, server_reachable, short_http_timeouts
+from carbonflow.tracking.uri import (
+    redacted_text,
+    redacted_uri,
+    resolve_tracking_uri,
+    server_reachable,
+    short_http_timeouts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +83,10 @@ def _server_views(uri: str, job: str, kind: str, extra_filter: str, strict: bool
             runs = search_all_runs(client, [experiment_id], " and ".join(filters))
     except Exception as exc:
         if strict:
-            raise TrackingUnavailableError(f"cannot read tracking store {uri}: {exc}") from exc
-        log.warning(
-            "tracking store %s unreadable (%s: %s); history from the local spool only", uri, type(exc).__name__, exc
-        )
+            why = redacted_text(str(exc))
+            raise TrackingUnavailableError(f"cannot read tracking store {redacted_uri(uri)}: {why}") from exc
+        log.warning("tracking store %s unreadable (%s: %s); history from the local spool only", redacted_uri(uri),
+                    type(exc).__name__, redacted_text(str(exc)))  # fmt: skip
         return None
     return [
         RunView(

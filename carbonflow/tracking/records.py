@@ -78,12 +78,15 @@ class TrackingOutcome(_Record):
 
     @property
     def message(self) -> str:
-        """One line for the task log; an outage says so plainly."""
+        """One line for the task log; an outage says so plainly. A password in a URI shows as ``***``."""
+        from carbonflow.tracking.uri import redacted_text, redacted_uri
+
+        uri = redacted_uri(self.tracking_uri)
         if self.spooled:
-            return (
+            return redacted_text(
                 f"MLflow tracking unavailable ({self.reason}); run kept in the local spool at {self.spool_path} "
-                f"and will be replayed when {self.tracking_uri} is back (idempotency key {self.idempotency_key})"
+                f"and will be replayed when {uri} is back (idempotency key {self.idempotency_key})"
             )
         extra = f", model version {self.model_version}" if self.model_version else ""
         replayed = f"; replayed {self.replayed_from_spool} spooled run(s) first" if self.replayed_from_spool else ""
-        return f"logged MLflow run {self.run_id} to {self.tracking_uri}{extra}{replayed}"
+        return f"logged MLflow run {self.run_id} to {uri}{extra}{replayed}"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from carbonflow.tracking.history import RealisedVsPredicted, TrackingUnavailableError, realised_vs_predicted
 from carbonflow.tracking.spool import pending
-from carbonflow.tracking.uri import resolve_tracking_uri
+from carbonflow.tracking.uri import redacted_uri, resolve_tracking_uri
 from carbonflow.units import (
     emissions_unit_for,
     energy_unit_for,
@@ -163,7 +163,7 @@ def build_report(
     waiting = sum(1 for e in pending(root=spool_dir, tracking_uri=uri) if e.record.job == job)
     if not history:
         extra = f" ({waiting} waiting in the local spool)" if waiting else ""
-        raise LookupError(f"no training runs of job {job!r} in {uri}{extra}; {_jobs_in_store(uri)}")
+        raise LookupError(f"no training runs of job {job!r} in {redacted_uri(uri)}{extra}; {_jobs_in_store(uri)}")
     if last_n is not None:
         history = history[-last_n:]
     rows = [_row(r) for r in history]
@@ -215,7 +215,7 @@ def render_table(report: ReportData) -> Table:
     from rich.table import Table
 
     rows = report.rows
-    table = Table(title=f"carbonflow report: {report.job}\n({report.tracking_uri})", show_lines=False)
+    table = Table(title=f"carbonflow report: {report.job}\n({redacted_uri(report.tracking_uri)})", show_lines=False)
     e_unit, per_j = energy_unit_for([r.energy_total_j for r in rows])
     g_unit, per_g = emissions_unit_for([r.emissions_g for r in rows])
     savings = [_saving_g(r) for r in rows]

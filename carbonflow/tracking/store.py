@@ -303,7 +303,9 @@ def completed_run(job: str, key: str, tracking_uri: str | None = None) -> dict[s
             experiment_id = get_experiment_id(client, schema.experiment_name(job))
             run = find_run_by_key(client, experiment_id, key) if experiment_id else None
     except Exception as err:
-        log.warning("cannot ask %s whether %s was already logged (%s)", uri, job, err)
+        from carbonflow.tracking.uri import redacted_text, redacted_uri
+
+        log.warning("cannot ask %s whether %s was already logged (%s)", redacted_uri(uri), job, redacted_text(str(err)))
         return None
     if run is None or run.data.tags.get(schema.T_COMPLETE) != "true" or run.info.status != "FINISHED":
         return None
