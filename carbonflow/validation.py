@@ -5,6 +5,10 @@ Checks go beyond the JobSpec schema: the region must be known to the carbon prov
 in the future (on the wall clock), a fixed power limit must lie in the job's device range, a simulated GPU's
 pair type must be a measured one. Each problem names the field, the value and what is allowed. Importing
 this module does not import Airflow.
+
+A trigger chooses, the author defines (:func:`validate_trigger`): a DAG run's conf may set only
+``TRIGGER_FIELDS``, within the limits the job's author set (``trigger_limits``) and ``TRIGGER_FINISH_BY_HORIZON``;
+:func:`conf_problems` names every other key and why.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ AUTHOR_ONLY_KEYS = {
     "backend": "where a job trains is the DAG author's choice, made in the DAG file",
     "env_from_connections": "which secrets reach a training is the job's author's choice",
 }
-"""Conf keys earlier versions took from a trigger, refused with why."""
+"""Conf keys refused with a reason of their own (a whole job, the backend, a training's secrets)."""
 
 
 class RequestError(ValueError):

@@ -143,7 +143,8 @@ class ValidateJobsOperator(BaseOperator):
         given = spec.working_dir
         if given is not None and dag_folder is not None and not os.path.isabs(given):
             spec = spec.model_copy(update={"working_dir": os.path.normpath(os.path.join(dag_folder, given))})
-        problem = working_dir_problem(given, spec.working_dir, dag_folder) if spec.image is None else None
-        if problem:
-            raise RequestError(problem)
+            # a path beside the DAG file is on every worker that parsed it (an absolute one may be a pod's own)
+            problem = working_dir_problem(given, spec.working_dir, dag_folder) if spec.image is None else None
+            if problem:
+                raise RequestError(problem)
         return with_code_fingerprint(spec)  # after working_dir is resolved: the files it names are read

@@ -180,6 +180,8 @@ REJECTED = {
     "bad finish-by text": ({"finish_by": "tomorrow"}, "finish_by='tomorrow' is not a date-time"),
     "power limit out of range": ({"power_limit_w": 9999}, "power_limit_w"),
     "nan work": ({"epochs": "NaN"}, "epochs='NaN' is not allowed"),
+    "unbounded work": ({"epochs": 10**12}, "epochs=1000000000000 is not allowed"),
+    "batch size not offered": ({"batch_size": 10**9}, "batch_size=1000000000 is not allowed"),
 }
 
 
