@@ -67,9 +67,11 @@ def hold_run(tracking: dict[str, Any], max_kib: int = HELD_RUN_MAX_KIB) -> dict[
         )
     files: dict[str, str] = {}
     for spool_file in every:
-        data = base64.b64encode((entry / spool_file).read_bytes()).decode("ascii") if spool_file in named else None
-        cost = None if data is None else _size_bytes({named[spool_file]: data})  # with a separator's room
-        if data is not None and cost <= room:
+        if spool_file not in named or _base64_len((entry / spool_file).stat().st_size) > room:
+            continue  # a big checkpoint is not even read
+        data = base64.b64encode((entry / spool_file).read_bytes()).decode("ascii")
+        cost = _size_bytes({named[spool_file]: data})  # with a separator's room
+        if cost <= room:
             files[named[spool_file]] = data
             room -= cost
     left = [f for f in every if f not in named or named[f] not in files]
@@ -79,13 +81,17 @@ def hold_run(tracking: dict[str, Any], max_kib: int = HELD_RUN_MAX_KIB) -> dict[
     return _held(meta, named, files, left)
 
 
+def _base64_len(size_bytes: int) -> int:
+    return 4 * ((size_bytes + 2) // 3)
+
+
 def _held(meta: SpoolEntryMeta, named: dict[str, str], files: dict[str, str], left: list[str]) -> dict[str, Any]:
     """The held value: the record with plain artifact names, without the files in ``left`` (and a tag naming them)."""
     from carbonflow.tracking import schema
 
     record = _renamed(meta.record, named, set(left))
-    if left:
-        record.tags[schema.T_HELD_WITHOUT] = ", ".join(left)
+    if left:  # a new tags dict: model_copy shares the original's
+        record = record.model_copy(update={"tags": {**record.tags, schema.T_HELD_WITHOUT: ", ".join(left)}})
     entry = meta.model_copy(update={"record": record}).model_dump(mode="json")
     return {"format_version": HELD_FORMAT_VERSION, "entry": entry, "files": files, "left_on_worker": list(left)}
 

@@ -76,6 +76,7 @@ def test_a_held_run_keeps_plain_names_and_is_delivered_with_its_files(home: Path
     held = json.loads(json.dumps(hold_run(_spooled(home, record))))  # as XCom stores it
     assert sorted(held["files"]) == ["plan.json", "trace.csv"] and held["left_on_worker"] == []
     assert [a["file"] for a in held["entry"]["record"]["artifacts"]] == ["plan.json", "trace.csv"]
+    assert schema.T_HELD_WITHOUT not in held["entry"]["record"]["tags"]  # nothing was left behind
     run_id = deliver_held(held)
     paths = {a.path for a in client_for(_store(home)).list_artifacts(run_id)}
     assert paths == {"plan.json", "t"}
