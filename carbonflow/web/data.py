@@ -83,7 +83,12 @@ def page_region(region: str | None) -> str:
     ``GB `` are one region; ValueError names the value and what is allowed."""
     from carbonflow.carbon.regions import resolve_region
 
-    return resolve_region(region if region is not None else os.environ.get(UI_REGION_ENV, "GB")).name
+    if region is not None:
+        return resolve_region(region).name
+    try:
+        return resolve_region(os.environ.get(UI_REGION_ENV, "GB")).name
+    except ValueError as err:
+        raise ValueError(f"{UI_REGION_ENV}: {err}") from None
 
 
 class ForecastCache:
