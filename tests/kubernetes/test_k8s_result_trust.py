@@ -176,3 +176,21 @@ def test_an_unsigned_termination_message_is_refused_even_when_it_parses(tmp_path
         with pytest.raises(KubernetesRunError, match="carries no signature"):
             backend_for_path(api, tmp_path).execute(make_spec(), make_plan(1))
         assert len(api.restores) == 1 and api.objects == {}
+
+
+@pytest.mark.parametrize("containers", [1, 3])
+def test_the_result_key_is_in_the_wrappers_environment_only(containers: int) -> None:
+    """The key is the training container's last env entry (a job's env cannot override it), never in the
+    ConfigMap the training can read; a dry run (no key) puts none anywhere."""
+    from carbonflow.execution.k8s_manifests import CONTAINER_NAME, ManifestBuilder
+
+    key = new_result_key()
+    builder = ManifestBuilder(KubernetesSettings(namespace="ml"))
+    manifests = builder.build(make_spec(), make_plan(containers), result_key=key)
+    template = manifests.pod if manifests.pod is not None else manifests.job.spec.template
+    (container,) = [c for c in template.spec.containers if c.name == CONTAINER_NAME]
+    assert (container.env[-1].name, container.env[-1].value) == (RESULT_KEY_ENV, key)
+    assert [e.name for e in container.env].count(RESULT_KEY_ENV) == 1
+    assert key not in json.dumps(manifests.config_map.data)
+    dry = builder.build(make_spec(), make_plan(containers))
+    assert RESULT_KEY_ENV not in json.dumps(dry.to_dicts(), default=str)
