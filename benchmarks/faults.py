@@ -855,16 +855,21 @@ def run(per_kind: int, seed: int, kinds: list[str] | None = None, sample: int | 
     paths: set[tuple[str, str]] = set()
     failures: dict[str, dict] = {}
     t0 = time.monotonic()
+    seconds: dict[str, float] = {}
     for kind in _schedule(kinds or list(KINDS), per_kind, sample):
         i = by_kind.get(kind, 0)
+        start = time.monotonic()
         with tempfile.TemporaryDirectory(prefix=f"fault-{kind}-") as tmp:
             outcome = KINDS[kind](rng, Path(tmp))
+        seconds[kind] = seconds.get(kind, 0.0) + time.monotonic() - start
         total.add(outcome)
         by_kind[kind] = i + 1
         paths.add((kind, outcome.variant))
         if any(outcome.counts().values()):
             failures[f"{kind}#{i}"] = asdict(outcome)
-    return _report(seed, by_kind, paths, total, failures, time.monotonic() - t0)
+    result = _report(seed, by_kind, paths, total, failures, time.monotonic() - t0)
+    result["elapsed_s_by_kind"] = {kind: round(value, 1) for kind, value in seconds.items()}
+    return result
 
 
 def _report(seed: int, by_kind: dict[str, int], paths: set[tuple[str, str]], total: FaultOutcome,
