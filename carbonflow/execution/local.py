@@ -168,6 +168,7 @@ class LocalBackend:
     def _fresh_dir(self, run_name: str) -> Path:
         run_dir = self.workdir / run_name
         run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir.chmod(0o755)  # the wrapper's result file lives here: a training run as another user cannot write it
         (run_dir / "result.json").unlink(missing_ok=True)
         return run_dir
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,9 +47,22 @@ FORGER = (
     "    wrote = type(err).__name__\n"
     "seen = {'key_in_env': os.environ.get('CARBONFLOW_RESULT_KEY'), 'wrote': wrote}\n"
     "pathlib.Path(sys.argv[3]).write_text(json.dumps(seen))\n"
-    "while sys.argv[2] == 'stay':\n"
-    "    time.sleep(0.1)\n"
 )
+IDLE = "while sys.argv[2] == 'stay':\n    time.sleep(0.1)\n"
+# For the other-user test: which ancestors' environments (the guard's, the wrapper's) it could read, and whether
+# they held the key.
+ANCESTORS = """
+found, pid = {}, os.getppid()
+while pid > 1:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            found[pid] = "CARBONFLOW_RESULT_KEY=" in handle.read().decode(errors="replace")
+    except OSError as err:
+        found[pid] = type(err).__name__
+    with open(f"/proc/{pid}/stat") as handle:
+        pid = int(handle.read().rsplit(")", 1)[1].split()[1])
+pathlib.Path(sys.argv[3]).with_name("ancestors.json").write_text(json.dumps(found))
+"""
 
 
 def _forged(job: str) -> str:
@@ -60,7 +75,7 @@ def _forged(job: str) -> str:
 
 def _job(tmp_path: Path, stay: bool, name: str = "forger", **job: object) -> tuple[JobSpec, Plan, Path]:
     script, forged, seen = tmp_path / "forger.py", tmp_path / f"{name}.forged.json", tmp_path / f"{name}.seen.json"
-    script.write_text(FORGER)
+    script.write_text(FORGER + IDLE)
     forged.write_text(_forged(name))
     command = [sys.executable, str(script), str(forged), "stay" if stay else "end", str(seen)]
     spec = JobSpec(**{"name": name, "command": command, "steps": 3, "region": "GB", "device_kind": "cpu", **job})
@@ -142,3 +157,37 @@ def test_the_wrapper_takes_its_key_out_of_its_environment(monkeypatch) -> None: 
 
     monkeypatch.setenv(RESULT_KEY_ENV, "k" * 64)
     assert take_result_key() == "k" * 64 and RESULT_KEY_ENV not in os.environ
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # world-executable, as in an image (the venv's lives under /root)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping the training to another user needs root")
+def test_a_training_run_as_another_user_can_neither_write_the_result_nor_read_the_key(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """With ``CARBONFLOW_TRAINING_UID`` the training cannot create the run folder's result.json (the wrapper's)
+    nor read the key from the wrapper's ``/proc/<pid>/environ``; killed, its wrapper leaves a failed run."""
+    base = Path(tempfile.mkdtemp(prefix="carbonflow-trust-"))
+    try:
+        base.chmod(0o755)
+        out = base / "out"
+        out.mkdir(mode=0o777)
+        out.chmod(0o777)
+        spec, plan, seen = _job(out, stay=True)
+        script = base / "forger.py"
+        script.write_text(FORGER + ANCESTORS + IDLE)
+        script.chmod(0o644)
+        (out / "forger.forged.json").chmod(0o644)
+        spec = spec.model_copy(update={"command": [SYSTEM_PYTHON, str(script), *spec.command[2:]]})
+        monkeypatch.setenv("CARBONFLOW_TRAINING_UID", "65534")
+        backend = LocalBackend(base / "runs")
+        handle = backend.start(spec, plan, RunOptions(trace=False))
+        _wait_for(out / "ancestors.json")
+        assert json.loads(seen.read_text()) == {"key_in_env": None, "wrote": "PermissionError"}
+        ancestors = json.loads((out / "ancestors.json").read_text())
+        assert True not in ancestors.values() and "PermissionError" in ancestors.values(), ancestors
+        os.kill(int(handle.details["pid"]), signal.SIGKILL)
+        wait(backend, handle, timeout_s=60)
+        with pytest.raises(RunFailed, match="wrote no result"):
+            backend.collect(handle)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
