@@ -60,6 +60,7 @@ from carbonflow.energy.lease import (
     lease_is_held,
     safe_name,
 )
+from carbonflow.energy.zeusd import holder_of, release_device
 from carbonflow.settings import node_dirs
 
 RESTORE_FAILED = "POWER LIMIT NOT RESTORED"
@@ -126,6 +127,36 @@ def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _release_with_retries(dev: Device, holder: str, retries: int, delay_s: float) -> tuple[float | None, str | None]:
+    """Release ``holder`` at the node's power agent; (limit left in W, None), (None, None) without an agent, or
+    (None, the last error)."""
+    last = "unknown error"
+    for attempt in range(1, retries + 1):
+        try:
+            left_w = release_device(dev, holder)
+            if left_w is None:
+                return None, None
+            now_w = dev.power_limit_w()
+            if abs(now_w - left_w) <= LIMIT_TOLERANCE_W:
+                return left_w, None
+            last = f"the power agent left {left_w:g} W but it reads back {now_w:g} W"
+        except (EnergyError, ValueError) as exc:
+            last = str(exc)
+        if attempt < retries:
+            time.sleep(delay_s * attempt)
+    return None, last
+
+
+def put_back(dev: Device, want_w: float, holder: str | None, retries: int, delay_s: float) -> tuple[float, str | None]:
+    """Put ``dev`` back after a run: release ``holder`` at the power agent (which restores the original only when
+    no other holder remains), else set ``want_w``. Returns (the limit it is left at, None) or (want_w, error)."""
+    if holder is not None:
+        left_w, err = _release_with_retries(dev, holder, retries, delay_s)
+        if left_w is not None or err is not None:
+            return (left_w if left_w is not None else want_w), err
+    return want_w, _set_with_retries(dev, want_w, retries, delay_s)
+
+
 def _set_with_retries(dev: Device, limit_w: float, retries: int, delay_s: float) -> str | None:
     """Set and read back; returns None on success, else the last error text."""
     last = "unknown error"
@@ -165,6 +196,7 @@ class _Restorer:
         self.retries = retries
         self.delay_s = delay_s
         self.outcome = outcome
+        self.holders = {dev.id: h for dev in gpus if (h := holder_of(dev)) is not None}
         self._lock = threading.RLock()
         self.stopping = False
 
@@ -176,12 +208,13 @@ class _Restorer:
                 want = self.previous_w.get(dev.id)
                 if want is None:
                     continue
+                holder = self.holders.get(dev.id)
                 try:
-                    if abs(dev.power_limit_w() - want) <= LIMIT_TOLERANCE_W:
+                    if holder is None and abs(dev.power_limit_w() - want) <= LIMIT_TOLERANCE_W:
                         continue
                 except (EnergyError, ValueError):
                     pass
-                err = _set_with_retries(dev, want, self.retries, self.delay_s)
+                _, err = put_back(dev, want, holder, self.retries, self.delay_s)
                 if err is not None:
                     failures.append((dev, want, err))
             if failures:
@@ -237,7 +270,7 @@ def _write_journals(
         _write_json_atomic(path, {
             "format_version": JOURNAL_FORMAT_VERSION, "gpu_uuid": dev.id, "model": dev.model,
             "previous_w": previous[dev.id], "requested_w": limit_w, "pid": os.getpid(),
-            "host": os.uname().nodename, "created_at": datetime.now(UTC).isoformat(),
+            "host": os.uname().nodename, "created_at": datetime.now(UTC).isoformat(), "holder": holder_of(dev),
         })  # fmt: skip
         journals[dev.id] = path
     return journals
@@ -346,6 +379,8 @@ class JournalEntry:
     path: Path
     pid: int | None
     format_version: int
+    holder: str | None = None
+    """Who held the GPU at the node's power agent (format 2 on Kubernetes): the restore releases that holder."""
 
 
 def read_journal(path: str | Path) -> list[JournalEntry]:
@@ -354,7 +389,10 @@ def read_journal(path: str | Path) -> list[JournalEntry]:
     try:
         data = json.loads(path.read_text())
         if data.get("format_version") == JOURNAL_FORMAT_VERSION:
-            return [JournalEntry(data["gpu_uuid"], float(data["previous_w"]), path, data.get("pid"), 2)]
+            holder = data.get("holder")
+            if holder is not None and not isinstance(holder, str):
+                raise ValueError(f"holder={holder!r} is not a name")
+            return [JournalEntry(data["gpu_uuid"], float(data["previous_w"]), path, data.get("pid"), 2, holder)]
         pid = int(data.get("pid", -1))
         return [JournalEntry(e["id"], float(e["previous_w"]), path, pid, 1) for e in data["devices"]]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -390,9 +428,9 @@ def restore_from_journal(
             problems.append(f"GPU {entry.gpu_uuid} not found on this host")
             continue
         target_w, _ = journal_target_w(dev, entry)
-        err = _set_with_retries(dev, target_w, retries, retry_delay_s)
+        left_w, err = put_back(dev, target_w, entry.holder, retries, retry_delay_s)
         if err is None:
-            restored[entry.gpu_uuid] = target_w
+            restored[entry.gpu_uuid] = left_w
         else:
             problems.append(f"{dev.describe()}: {err}")
     if problems:
@@ -442,7 +480,7 @@ def repair_leased_gpus(
 
 def _repair_entry(dev: Device, entry: JournalEntry, retries: int, retry_delay_s: float) -> str:
     target_w, refused = journal_target_w(dev, entry)
-    err = _set_with_retries(dev, target_w, retries, retry_delay_s)
+    target_w, err = put_back(dev, target_w, entry.holder, retries, retry_delay_s)
     if err is not None:
         msg = f"could not restore {dev.describe()} from crashed run's journal {entry.path}: {err}"
         logger.critical(msg)

@@ -14,6 +14,12 @@ never privileged. Endpoints used (query parameters, ``gpu_ids`` comma-separated 
 
 Status codes: 400 bad input, 401/403 auth or NVML no-permission, 404 API group disabled.
 
+On Kubernetes the socket the pods use is carbonflow's power agent (:mod:`carbonflow.energy.power_agent`), which
+forwards to zeusd and keeps a reference count per GPU: ``/discover`` then lists the API group
+``carbonflow-holders``, this client names itself on every write (``holder=<namespace>/<pod>``, see
+:func:`default_holder`) and gives its GPUs back with ``POST /gpu/release_power_limit?holder=...`` instead of
+writing the limit it read (:func:`release_device`).
+
 zeusd numbers GPUs as NVML does *on the host*. A process in a container enumerates only the GPUs it was
 given, from 0, so its index is not zeusd's: carbonflow addresses GPUs by UUID and maps a UUID to zeusd's
 host index with :meth:`ZeusdClient.host_index` — from the node's map file (``CARBONFLOW_GPU_INDEX_MAP``,
@@ -35,6 +41,18 @@ from urllib.parse import urlencode
 from carbonflow.contract import GPU_INDEX_MAP_ENV, ZEUSD_SOCK_ENV
 from carbonflow.energy.errors import EnergyError, PowerLimitNotPermitted
 
+HOLDERS_GROUP = "carbonflow-holders"
+"""The API group of carbonflow's power agent: writes name their holder, and holders are released, per GPU."""
+
+
+def default_holder() -> str:
+    """Who holds a limit this process sets: ``<namespace>/<pod>`` in a pod (unique, and what its restore pod finds
+    in the journal), else ``<host>/pid-<pid>``."""
+    pod = os.environ.get("POD_NAME")
+    if pod:
+        return f"{os.environ.get('POD_NAMESPACE', 'default')}/{pod}"
+    return f"{os.uname().nodename}/pid-{os.getpid()}"
+
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
     def __init__(self, socket_path: str, timeout: float) -> None:
@@ -55,16 +73,31 @@ class ZeusdError(EnergyError):
 class ZeusdClient:
     """Minimal client of zeusd's HTTP API over a Unix socket."""
 
-    def __init__(self, socket_path: str | None = None, token: str | None = None, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, socket_path: str | None = None, token: str | None = None, timeout_s: float = 5.0,
+        holder: str | None = None,
+    ) -> None:  # fmt: skip
         socket_path = socket_path or os.environ.get(ZEUSD_SOCK_ENV)
         if not socket_path:
             raise ValueError(f"socket_path=None and {ZEUSD_SOCK_ENV} is unset; give zeusd's Unix socket path")
         self.socket_path = socket_path
         self.token = token
         self.timeout_s = timeout_s
+        self.holder = holder or default_holder()
+        self._counts_holders: bool | None = None
 
-    def _request(self, method: str, path: str, params: dict[str, str] | None = None) -> Any:
-        url = path + ("?" + urlencode(params) if params else "")
+    def counts_holders(self) -> bool:
+        """Whether the socket is carbonflow's power agent (reference-counted limits), asked once."""
+        if self._counts_holders is None:
+            self._counts_holders = HOLDERS_GROUP in self.discover().get("enabled_api_groups", [])
+        return self._counts_holders
+
+    def forward(self, method: str, url: str) -> tuple[int, bytes]:
+        """Send ``method url`` as is; (HTTP status, body) — the power agent passes requests on to zeusd."""
+        status, body = self._raw(method, url)
+        return status, body.encode()
+
+    def _raw(self, method: str, url: str) -> tuple[int, str]:
         headers = {"Host": "localhost"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -77,14 +110,19 @@ class ZeusdClient:
             raise ZeusdError(f"zeusd not reachable at {self.socket_path}: {exc}") from exc
         finally:
             conn.close()
-        if resp.status in (401, 403):
-            raise PowerLimitNotPermitted(f"zeusd refused {method} {path} (HTTP {resp.status}): {body.strip()}")
-        if resp.status == 400:
+        return resp.status, body
+
+    def _request(self, method: str, path: str, params: dict[str, str] | None = None) -> Any:
+        url = path + ("?" + urlencode(params) if params else "")
+        status, body = self._raw(method, url)
+        if status in (401, 403):
+            raise PowerLimitNotPermitted(f"zeusd refused {method} {path} (HTTP {status}): {body.strip()}")
+        if status == 400:
             raise ValueError(f"zeusd rejected {method} {url} (HTTP 400): {body.strip()}")
-        if resp.status == 404:
+        if status == 404:
             raise ZeusdError(f"zeusd {method} {path}: HTTP 404 (API group disabled?): {body.strip()}")
-        if resp.status != 200:
-            raise ZeusdError(f"zeusd {method} {path}: HTTP {resp.status}: {body.strip()}")
+        if status != 200:
+            raise ZeusdError(f"zeusd {method} {path}: HTTP {status}: {body.strip()}")
         return json.loads(body) if body.strip() else None
 
     @staticmethod
@@ -125,7 +163,16 @@ class ZeusdClient:
             "power_limit_mw": str(round(limit_w * 1000)),
             "block": "true" if block else "false",
         }
+        if self.counts_holders():
+            params["holder"] = self.holder
         self._request("POST", "/gpu/set_power_limit", params)
+
+    def release_power_limit_w(self, gpu_ids: list[int], holder: str | None = None) -> dict[int, float]:
+        """Give ``holder``'s hold (default: this client's) on ``gpu_ids`` back to the power agent; index → limit
+        (W) the GPU is left at: the latest remaining holder's, or the original once no holder remains."""
+        params = self._ids(gpu_ids) | {"holder": holder or self.holder}
+        data = self._request("POST", "/gpu/release_power_limit", params)
+        return {int(k): v["power_limit_mw"] / 1000.0 for k, v in data.items()}
 
     def get_power_limit_w(self, gpu_ids: list[int] | None = None) -> dict[int, float]:
         data = self._request("GET", "/gpu/get_power_limit", self._ids(gpu_ids))
@@ -142,6 +189,27 @@ class ZeusdClient:
     def get_power_w(self, gpu_ids: list[int] | None = None) -> dict[int, float]:
         data = self._request("GET", "/gpu/get_power", self._ids(gpu_ids))
         return {int(k): v / 1000.0 for k, v in data["power_mw"].items()}
+
+
+def release_device(device: Any, holder: str | None = None) -> float | None:
+    """Release ``holder``'s hold on an NVML GPU behind carbonflow's power agent; the limit (W) it is left at, or
+    None when the GPU's limits do not go through a reference-counting agent (then restore the limit read)."""
+    client = getattr(device, "zeusd", None)
+    if client is None or not client.counts_holders():
+        return None
+    from carbonflow.energy.nvml import nvml_init
+
+    host_index = client.host_index(device.id, device.index, nvml_init().nvmlDeviceGetCount())
+    return client.release_power_limit_w([host_index], holder)[host_index]
+
+
+def holder_of(device: Any) -> str | None:
+    """Who holds ``device``'s limit at the power agent (this process), or None without one."""
+    client = getattr(device, "zeusd", None)
+    try:
+        return client.holder if client is not None and client.counts_holders() else None
+    except EnergyError:  # the agent is unreachable: no limit will be set through it either
+        return None
 
 
 def write_index_map(path: Path) -> dict[str, int]:

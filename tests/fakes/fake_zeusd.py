@@ -5,6 +5,9 @@ host NVML index (``GET /discover`` → ``{"gpu_ids": [...], ...}``, no UUIDs), a
 state the fake ``pynvml`` reads (``FAKE_PYNVML_STATE``): a limit it sets is what every process's NVML then
 reads back. The socket's mode is set like ``zeusd --socket-permissions``. Run it in a thread
 (:func:`serve_fake_zeusd`) or as a process (``python -m tests.fakes.fake_zeusd STATE SOCKET``).
+
+It is zeusd's API only, as the real daemon has no reference counts: on Kubernetes the count lives in carbonflow's
+own power agent (:mod:`carbonflow.energy.power_agent`, real code), which the fake GPU node runs in front of it.
 """
 
 from __future__ import annotations

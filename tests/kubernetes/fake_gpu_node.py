@@ -43,9 +43,12 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from carbonflow.energy.power_agent import PowerAgent, serve_power_agent  # noqa: E402
 from tests.fakes.fake_zeusd import FakeZeusdNode, serve_fake_zeusd  # noqa: E402
 from tests.fakes.node import FakeNode  # noqa: E402
 
+ZEUSD_INNER_SOCKET = "/var/run/zeusd-inner/zeusd.sock"  # as in deploy/k8s/zeusd-daemonset.yaml
+POWER_AGENT_STATE = "/var/lib/carbonflow/power-agent/holders.json"
 SYSTEM_PYTHON = "/usr/bin/python3"  # world-executable, as in an image (this venv's interpreter may not be)
 CAN_DROP_USERS = os.geteuid() == 0
 
@@ -127,6 +130,7 @@ class FakeGpuNode:
         self.bin.mkdir()
         (self.bin / "python").symlink_to(sys.executable)
         self.containers: dict[str, ProcessContainer] = {}
+        self.agent: PowerAgent | None = None
         self.gpus_of: dict[str, list[int]] = {}
         self.write_index_map()
 
@@ -156,9 +160,18 @@ class FakeGpuNode:
 
     @contextlib.contextmanager
     def zeusd(self) -> Iterator[FakeZeusdNode]:
-        """The node agent, on the node's socket, root's with mode 660 (as deploy/k8s/zeusd-daemonset.yaml)."""
-        with serve_fake_zeusd(self.node.state_path, self.socket, mode=0o660) as agent:
-            yield agent
+        """The node agent, as deploy/k8s/zeusd-daemonset.yaml runs it: the fake zeusd on its inner socket (in no
+        pod's mounts), and carbonflow's real power agent (per-GPU reference counts) on the node's socket, root's
+        with mode 660, its state in the node's host directory. Yields the fake zeusd (what reached the GPUs);
+        the agent is ``self.agent``."""
+        inner = self.host_path(ZEUSD_INNER_SOCKET)
+        inner.parent.mkdir(parents=True, exist_ok=True)
+        with (
+            serve_fake_zeusd(self.node.state_path, inner, mode=0o600) as zeusd,
+            serve_power_agent(self.socket, inner, self.host_path(POWER_AGENT_STATE), mode=0o660) as agent,
+        ):
+            self.agent = agent
+            yield zeusd
 
     def pod_journal_dir(self, pod_name: str) -> Path:
         return self.journal_dir / pod_name

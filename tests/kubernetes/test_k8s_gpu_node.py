@@ -211,3 +211,69 @@ def test_fake_gpu_node_is_what_a_pod_would_see(cluster) -> None:  # type: ignore
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert json.loads(done.stdout) == [uuids[1], 0, True], done.stderr
     assert Path(gpu_node.host_path("/var/run/zeusd")) == gpu_node.zeusd_dir
+
+
+def _named_job(name: str, limit_w: float) -> tuple[JobSpec, Plan]:
+    spec, plan = _job(["python", "-c", FOREVER], limit_w)
+    spec = spec.model_copy(update={"name": name})
+    return spec, plan.model_copy(update={"job": name})
+
+
+PAIR_LIMITS_W = (175.0, 200.0, 150.0, 225.0)
+"""Pair 1 is runs 0 and 1, pair 2 runs 2 and 3: four pods time-sliced on one GPU."""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "ends",
+    [
+        [("cancel", 1), ("kill", 0), ("cancel", 3), ("cancel", 2)],  # pair 1 first, its first pod SIGKILLed
+        [("cancel", 0), ("cancel", 2), ("kill", 3), ("cancel", 1)],  # interleaved, the last pod of pair 2 killed
+    ],
+    ids=["pair-1-first-with-a-sigkill", "interleaved-with-a-sigkill"],
+)
+def test_two_pairs_time_sliced_on_one_gpu_never_leave_it_lowered(tmp_path, ends) -> None:  # type: ignore[no-untyped-def]
+    """Finding: two co-located pairs on one time-sliced GPU left it lowered: each pod put back the limit it had
+    read, and a pod that started after another had lowered it read the lowered one. Now the node's power agent
+    owns the limit with a reference count per GPU: it records the original on the first hold, sets the latest
+    holder's limit while any pod holds the GPU, and the original once the last one (or its restore pod, for a
+    SIGKILLed pod) releases it — whatever order the pods end in."""
+    with (
+        FakeGpuNode(gpus=1, gpus_for=lambda pod: [0]) as gpu_node,
+        gpu_node.zeusd() as zeusd,
+        FakeKubeApi(gpu_node.training) as api,
+    ):
+        api.restore_behaviour = gpu_node.restore
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig.json")
+        backend = KubernetesBackend(KubernetesSettings(namespace="ml"), config_file=str(kubeconfig),
+                                    poll_interval_s=0.05, restore_timeout_s=60)  # fmt: skip
+        agent = gpu_node.agent
+        handles = []
+        for number, limit_w in enumerate(PAIR_LIMITS_W):
+            handles.append(backend.start(*_named_job(f"pair{number // 2 + 1}-{'ab'[number % 2]}", limit_w)))
+            want = [round(limit_w * 1000)]  # the latest holder's limit
+            _wait(lambda n=number, w=want: backend.poll(handles[n]).state == "running"  # the fake API moves on reads
+                  and len(agent.gpus.get("0", {}).get("holders", {})) == n + 1 and gpu_node.node.limits_mw() == w,
+                  timeout_s=120)  # fmt: skip
+        assert agent.gpus["0"]["original_mw"] == 300000, "recorded once, from the first hold"
+        left = list(range(len(handles)))
+        for how, number in ends:
+            handle = handles[number]
+            if how == "kill":
+                api.kill_container(handle.details["pod"])
+                _wait(lambda h=handle: backend.poll(h).state == "finished", timeout_s=120)
+                with pytest.raises(KubernetesRunError, match="OOMKilled"):
+                    backend.collect(handle)  # its restore pod releases the dead pod's hold
+            else:
+                backend.cancel(handle)
+            left.remove(number)
+            holders = agent.gpus.get("0", {}).get("holders", {})
+            assert len(holders) == len(left), (how, number, holders)
+            want_mw = list(holders.values())[-1] if holders else 300000
+            assert gpu_node.node.limits_mw() == [want_mw], f"after {how} of run {number}"
+            if left:
+                assert want_mw in {round(PAIR_LIMITS_W[n] * 1000) for n in left}, "a living pod's limit"
+        assert gpu_node.node.limits_mw() == [300000], "back at the original once no pod holds it"
+        assert agent.gpus == {} and not list(gpu_node.journal_dir.rglob("*.json"))
+        assert len(api.restores) >= 1 and api.objects == {}
+        assert all("holder=" not in path for _, path in zeusd.requests), "zeusd itself speaks its own API only"

@@ -217,9 +217,13 @@ def test_deploy_zeusd_daemonset_and_example_job_are_wired():
     docs = {(d["kind"], d["metadata"]["name"]): d for _, d in _deploy_docs()}
     ds = docs[("DaemonSet", "zeusd")]
     pod = ds["spec"]["template"]["spec"]
-    c = pod["containers"][0]
-    assert c["securityContext"]["privileged"] is True  # the agent, not the training pod, is privileged
-    assert "--socket-path" in c["args"] and "/var/run/zeusd/zeusd.sock" in c["args"]
+    c, agent = pod["containers"]  # zeusd, and carbonflow's power agent in front of it (one owner per GPU limit)
+    assert c["securityContext"]["privileged"] is True  # zeusd, not the training pod, is privileged
+    assert "--socket-path" in c["args"] and "/var/run/zeusd-inner/zeusd.sock" in c["args"]
+    assert agent["command"] == ["python", "-m", "carbonflow.energy.power_agent"]
+    assert agent["args"][:4] == ["--socket", "/var/run/zeusd/zeusd.sock", "--zeusd-socket", c["args"][2]]
+    assert agent["securityContext"]["capabilities"]["drop"] == ["ALL"]  # it changes nothing itself
+    assert {m["mountPath"] for m in c["volumeMounts"]} == {"/var/run/zeusd-inner"}, "zeusd's socket: no pod's"
     assert any(v.get("hostPath", {}).get("path") == "/var/run/zeusd" for v in pod["volumes"])
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     example = docs[("Job", "carbonflow-example-ddp")]
