@@ -60,7 +60,8 @@ def main(argv: list[str]) -> int:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != parent:
         _die_with_everything()
-    code = _wait_for(_start(command, setup))
+    child = _start(command, setup)
+    code = _wait_for(child)
     left = sweep()
     _report(report_fd, {"left_behind": left})
     return code
@@ -71,25 +72,26 @@ def _read_setup(fd: int) -> dict[str, Any]:
         return json.loads(pipe.read().decode("utf-8"))
 
 
-def _start(command: list[str], setup: dict[str, Any]) -> int:
+def _start(command: list[str], setup: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """The training. Keep the object until it is reaped: a dropped Popen reaps its child itself (``__del__``)."""
     uid, gid = setup.get("uid"), setup.get("gid")
     as_user: dict[str, Any] = {"user": uid, "group": gid, "extra_groups": []} if uid is not None else {}
-    child = subprocess.Popen(
+    return subprocess.Popen(
         command, env=setup["env"], cwd=setup.get("cwd"), pass_fds=tuple(setup.get("fds", ())),
         preexec_fn=_default_signals, **as_user,
     )  # fmt: skip
-    return child.pid
 
 
-def _wait_for(pid: int) -> int:
-    """Reap children (orphans re-parented to this subreaper too) until ``pid`` ends; its exit code."""
-    while True:
+def _wait_for(child: subprocess.Popen[bytes]) -> int:
+    """Reap children (orphans re-parented to this subreaper too) until ``child`` ends; its exit code."""
+    while child.returncode is None:
         try:
             reaped, status = os.waitpid(-1, 0)
-        except ChildProcessError:  # pragma: no cover - the training is our child until reaped
+        except ChildProcessError:  # pragma: no cover - the training is our child until reaped, here
             return -1
-        if reaped == pid:
-            return os.waitstatus_to_exitcode(status)
+        if reaped == child.pid:
+            child.returncode = os.waitstatus_to_exitcode(status)
+    return child.returncode
 
 
 def descendants(root: int) -> set[int]:

@@ -296,3 +296,11 @@ def test_a_stop_whose_grace_runs_out_kills_the_escaped_rank_too(node: FakeNode, 
     assert code == 128 + signal.SIGTERM, stderr
     assert not lease_is_held(node.uuids()[0], node.lease_dir)
     assert node.lowered() == 0
+
+
+def test_a_training_that_exits_at_once_keeps_its_exit_status() -> None:
+    """The guard reaps every child itself (it is a subreaper): a training that ended before the guard looked must
+    not be reaped behind its back (a dropped Popen reaps its child in ``__del__``), or its status is lost (-1)."""
+    codes = [start_child(["/bin/sh", "-c", f"exit {i % 3}"], {"PATH": "/usr/bin:/bin"}, None).wait(timeout=30)
+             for i in range(24)]  # fmt: skip
+    assert codes == [i % 3 for i in range(24)]
