@@ -85,6 +85,8 @@ def node_dirs(*, register: bool = True) -> NodeDirs:
     if register:
         _prepare_node_dir(node)
         _check_registry(dirs)
+        for sub in (dirs.leases, dirs.journals):
+            _prepare_subdir(node, sub)
     return dirs
 
 
@@ -118,6 +120,27 @@ def _prepare_node_dir(node: Path) -> None:
             f"the node directory {node} is not writable by uid {os.geteuid()}: every wrapper of this machine keeps "
             f"its GPU leases and power journals there; make it writable for carbonflow's users (a shared group) "
             f"or set {NODE_DIR_ENV} to one directory they all can write"
+        )
+
+
+def _prepare_subdir(node: Path, sub: Path) -> None:
+    """A lease or journal directory inside the node directory is created with the node directory's mode (1777 in
+    /tmp: every user may add a lock or journal file, none may remove another's; a shared group's 2775 ...)."""
+    if sub.parent != node:
+        sub.mkdir(parents=True, exist_ok=True)
+        return
+    try:
+        sub.mkdir()
+        sub.chmod(node.stat().st_mode & 0o7777)
+    except FileExistsError:
+        pass
+    if node == SHARED_NODE_DIR and NODE_DIR_ENV not in os.environ:
+        _check_shared_dir(sub)
+    if not os.access(sub, os.W_OK | os.X_OK):
+        raise NodeDirsSplit(
+            f"{sub} is not writable by uid {os.geteuid()} (owner uid {sub.stat().st_uid}): every wrapper of this "
+            f"machine must create its lock and journal files there; give it the node directory's mode "
+            f"({oct(node.stat().st_mode & 0o7777)}) or set {NODE_DIR_ENV} to a directory carbonflow's users share"
         )
 
 

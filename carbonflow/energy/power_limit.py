@@ -100,8 +100,35 @@ def journal_target_w(dev: Device, entry: JournalEntry) -> tuple[float, str | Non
 
 
 def gpu_journal_path(directory: Path, gpu_uuid: str) -> Path:
-    """The one journal of a GPU: ``<directory>/<UUID>.json``."""
+    """The journal of a GPU: ``<directory>/<UUID>.json``."""
     return directory / f"{safe_name(gpu_uuid)}.json"
+
+
+def gpu_journal_paths(directory: Path, gpu_uuid: str) -> list[Path]:
+    """Every journal of a GPU: ``<UUID>.json``, and ``<UUID>.uid-<N>.json`` written by user N beside another user's
+    journal it could not remove (a sticky shared node directory: see :func:`_journal_path_for_writing`)."""
+    base = gpu_journal_path(directory, gpu_uuid)
+    return [p for p in [base, *sorted(directory.glob(f"{base.stem}.uid-*.json"))] if p.is_file()]
+
+
+def _journal_path_for_writing(directory: Path, gpu_uuid: str) -> Path:
+    """``<UUID>.json``, unless another user's journal is there (it was applied; a sticky directory keeps it)."""
+    path = gpu_journal_path(directory, gpu_uuid)
+    try:
+        theirs = path.lstat().st_uid != os.geteuid()
+    except FileNotFoundError:
+        return path
+    return path.with_name(f"{path.stem}.uid-{os.geteuid()}.json") if theirs else path
+
+
+def _remove_journal(path: Path) -> str | None:
+    """Remove a journal that was applied; a note when a sticky directory keeps another user's (applying it again
+    later is harmless: it holds the GPU's limit from before that run)."""
+    try:
+        path.unlink(missing_ok=True)
+    except PermissionError:
+        return f"journal {path} (another user's) was applied but cannot be removed here; the next run applies it again"
+    return None
 
 
 @dataclass
@@ -266,7 +293,7 @@ def _write_journals(
 ) -> dict[str, Path]:
     journals = {}
     for dev in durable:
-        path = gpu_journal_path(directory, dev.id)
+        path = _journal_path_for_writing(directory, dev.id)
         _write_json_atomic(path, {
             "format_version": JOURNAL_FORMAT_VERSION, "gpu_uuid": dev.id, "model": dev.model,
             "previous_w": previous[dev.id], "requested_w": limit_w, "pid": os.getpid(),
@@ -437,7 +464,9 @@ def restore_from_journal(
         msg = f"journal {path}: could not restore: " + "; ".join(problems)
         logger.critical(msg)
         raise PowerLimitRestoreFailed(msg)
-    Path(path).unlink(missing_ok=True)
+    kept = _remove_journal(Path(path))
+    if kept:
+        logger.warning(kept)
     return restored
 
 
@@ -472,8 +501,7 @@ def repair_leased_gpus(
         return []
     notes = []
     for dev in devices:
-        path = gpu_journal_path(directory, dev.id)
-        if path.exists():
+        for path in gpu_journal_paths(directory, dev.id):
             notes.append(_repair_entry(dev, read_journal(path)[0], retries, retry_delay_s))
     return notes + _repair_v1_journals(directory, devices, retries, retry_delay_s)
 
@@ -485,9 +513,9 @@ def _repair_entry(dev: Device, entry: JournalEntry, retries: int, retry_delay_s:
         msg = f"could not restore {dev.describe()} from crashed run's journal {entry.path}: {err}"
         logger.critical(msg)
         return msg
-    entry.path.unlink(missing_ok=True)
+    kept = _remove_journal(entry.path)
     done = f"restored {dev.describe()} to {target_w:g} W left lowered by a crashed run (journal {entry.path.name})"
-    return f"{done}; {refused}" if refused else done
+    return "; ".join(part for part in (done, refused, kept) if part)
 
 
 def _repair_v1_journals(directory: Path, devices: Sequence[Device], retries: int, retry_delay_s: float) -> list[str]:
@@ -521,8 +549,10 @@ def _repair_v1_journals(directory: Path, devices: Sequence[Device], retries: int
     return notes
 
 
-def stale_journals(directory: Path) -> list[Path]:
-    """Journals whose writer is gone: format 2 when the GPU's lease is free, 0.1.0 when the PID is dead."""
+def stale_journals(directory: Path, leases: Path | None = None) -> list[Path]:
+    """Journals whose writer is gone: format 2 when the GPU's lease (in ``leases``, default the node's) is free,
+    0.1.0 when the PID is dead."""
+    leases = leases or node_dirs(register=False).leases
     out = []
     for path in sorted(directory.glob("*.json")):
         if path.name.startswith(JOURNAL_PREFIX):
@@ -531,11 +561,11 @@ def stale_journals(directory: Path) -> list[Path]:
             continue
         with contextlib.suppress(EnergyError):
             (entry,) = read_journal(path)
-            if not lease_is_held(entry.gpu_uuid):
+            if not lease_is_held(entry.gpu_uuid, leases):
                 out.append(path)
             else:
                 logger.info("journal %s is live: GPU %s is leased by pid %s", path, entry.gpu_uuid,
-                            lease_holder_pid(entry.gpu_uuid))  # fmt: skip
+                            lease_holder_pid(entry.gpu_uuid, leases))  # fmt: skip
     return out
 
 
@@ -544,17 +574,19 @@ def restore_stale_journals(
 ) -> dict[str, dict[str, float]]:
     """Restore every journal in ``directory`` whose writer is gone; returns path → restored limits.
 
-    Format-2 journals are restored while holding the GPU's lease, so no wrapper starts on it meanwhile.
+    Format-2 journals are restored while holding the GPU's lease, so no wrapper starts on it meanwhile. A restore
+    registers nothing in the node's ``node.json`` (it may be pointed at one pod's journals, by hand).
     """
-    directory = Path(directory) if directory else default_journal_dir()
+    dirs = node_dirs(register=False)
+    directory = Path(directory) if directory else dirs.journals
     out: dict[str, dict[str, float]] = {}
-    for path in stale_journals(directory) if directory.is_dir() else []:
+    for path in stale_journals(directory, dirs.leases) if directory.is_dir() else []:
         entries = read_journal(path)
         if entries[0].format_version == 1:
             out[str(path)] = restore_from_journal(path, devices)
             continue
         try:
-            lease = acquire_gpus([entries[0].gpu_uuid], 1)
+            lease = acquire_gpus([entries[0].gpu_uuid], 1, directory=dirs.leases)
         except GpuLeaseUnavailable:  # a wrapper took the GPU meanwhile: it repairs the journal itself
             continue
         with lease:

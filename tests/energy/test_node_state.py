@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -160,14 +161,45 @@ def test_the_shared_tmp_node_dir_is_sticky_and_a_planted_symlink_is_refused(monk
     shared = tmp_path / "carbonflow-node"
     monkeypatch.setattr(settings, "SHARED_NODE_DIR", shared)
     assert node_dirs().node == shared
-    assert oct(shared.stat().st_mode & 0o7777) == "0o1777"
+    for folder in (shared, shared / "gpu-leases", shared / "power-journal"):  # any user adds, none removes another's
+        assert oct(folder.stat().st_mode & 0o7777) == "0o1777", folder
     assert json.loads((shared / "node.json").read_text())["gpu_lease_dir"] == str(shared / "gpu-leases")
     (tmp_path / "attacker").mkdir()
-    (shared / "node.json").unlink()
-    shared.rmdir()
+    shutil.rmtree(shared)
     shared.symlink_to(tmp_path / "attacker")
     with pytest.raises(NodeDirsSplit, match="is not a directory"):
         node_dirs()
+    shared.unlink()
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (shared / "gpu-leases").symlink_to(tmp_path / "attacker")  # planted inside the shared directory
+    with pytest.raises(NodeDirsSplit, match="gpu-leases is not a directory"):
+        node_dirs()
+
+
+def test_another_users_journal_in_the_shared_dir_is_applied_and_ours_goes_beside_it(
+    fake_nvml, journal_dir, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """In a sticky shared directory a wrapper cannot remove or replace another user's journal: it applies it (the
+    GPU's limit before that crashed run), says so, and writes its own journal beside it; a later run applies the
+    other one again, harmlessly."""
+    fake_nvml.setup([{"limit_mw": 150000}])
+    (gpu,) = nvml_devices()
+    theirs = _forged(gpu_journal_path(journal_dir, gpu.id), gpu.id, 300.0)
+    real_unlink = Path.unlink
+
+    def sticky_unlink(self: Path, missing_ok: bool = False) -> None:
+        if self == theirs:
+            raise PermissionError(1, "Operation not permitted", str(self))
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", sticky_unlink)
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)  # the journal is root's: another user's to this wrapper
+    with applied_power_limit([gpu], 200) as outcome:
+        ours = journal_dir / f"{theirs.stem}.uid-4242.json"
+        assert json.loads(ours.read_text())["previous_w"] == 300.0 and fake_nvml.limits_mw() == [200000]
+    assert fake_nvml.limits_mw() == [300000] and theirs.exists() and not ours.exists()
+    assert any("restored" in n and "cannot be removed here" in n for n in outcome.notes), outcome.notes
 
 
 def test_safe_name_never_returns_dot_dotdot_or_empty() -> None:
@@ -214,3 +246,21 @@ def test_a_journal_inside_the_gpus_range_is_still_restored_exactly(fake_nvml, jo
     path = _forged(gpu_journal_path(journal_dir, gpu.id), gpu.id, 275.0)
     assert restore_from_journal(path, [gpu]) == {gpu.id: 275.0}
     assert fake_nvml.limits_mw() == [275000]
+
+
+def test_the_restore_command_registers_nothing_so_it_can_be_pointed_at_each_pods_journals(
+    fake_nvml, default_dirs, tmp_path, monkeypatch, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    """The by-hand restore on a Kubernetes node names one pod's journal directory at a time: it must not register
+    that directory as the node's (a second pod's would then be refused)."""
+    from carbonflow.energy.power_limit import main as power_limit_main
+
+    fake_nvml.setup([{"limit_mw": 150000}])
+    (gpu,) = nvml_devices()
+    for pod in ("pod-a", "pod-b"):
+        _forged(gpu_journal_path(tmp_path / pod, gpu.id), gpu.id, 300.0 if pod == "pod-a" else 250.0)
+        monkeypatch.setenv("CARBONFLOW_POWER_JOURNAL_DIR", str(tmp_path / pod))
+        assert power_limit_main(["restore"]) == 0, capsys.readouterr().err
+        fake_nvml.update(0, limit_mw=150000)
+    assert not (default_dirs / "node.json").exists()
+    assert not list(tmp_path.glob("pod-*/*.json")), "both replayed and removed"
