@@ -304,3 +304,27 @@ def test_a_training_that_exits_at_once_keeps_its_exit_status() -> None:
     codes = [start_child(["/bin/sh", "-c", f"exit {i % 3}"], {"PATH": "/usr/bin:/bin"}, None).wait(timeout=30)
              for i in range(24)]  # fmt: skip
     assert codes == [i % 3 for i in range(24)]
+
+
+def test_torchrun_ranks_die_with_the_wrapper(node: FakeNode, tmp_path: Path) -> None:
+    """The finding's own case: ``torchrun`` (as carbonflow starts several containers locally) runs each rank in
+    a session of its own; SIGKILL of the wrapper still takes every rank down, and the GPU's lease with them."""
+    from carbonflow.energy.lease import lease_is_held
+
+    rank = "import os, sys, time; open(sys.argv[1] + os.environ['LOCAL_RANK'], 'w').write(f'{os.getpid()} " \
+           "{os.getsid(0)}'); time.sleep(120)"  # fmt: skip
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                "--no-python", sys.executable, "-c", rank, str(tmp_path / "rank")]  # fmt: skip
+    proc = _wrapper(node, "torchrun", torchrun)
+    files = [tmp_path / "rank0", tmp_path / "rank1"]
+    wait_for(lambda: all(f.exists() and f.read_text().strip() for f in files), timeout_s=90)
+    ranks = [tuple(int(x) for x in f.read_text().split()) for f in files]
+    assert all(sid == pid for pid, sid in ranks), "each rank leads a session of its own (what let it escape)"
+    try:
+        proc.kill()
+        proc.wait(timeout=10)
+        wait_for(lambda: not any(alive(pid) for pid, _ in ranks), timeout_s=10)
+    finally:
+        for pid, _ in ranks:
+            _gone(pid)
+    wait_for(lambda: not lease_is_held(node.uuids()[0], node.lease_dir), timeout_s=10)
