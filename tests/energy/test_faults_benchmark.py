@@ -159,3 +159,17 @@ def test_a_cleared_dag_run_that_reuses_the_old_run_is_counted_lost(tmp_path, mon
     _break_subprocesses(monkeypatch, "clear_number_ignored")
     outcome = bench.KINDS["dag_run_cleared"](random.Random(0), tmp_path)
     assert outcome.runs_lost >= 1
+
+
+def test_an_env_attack_is_handed_to_the_backend_not_only_validated(tmp_path, monkeypatch):
+    """The POD_NAME attack is not only a validation call: a spec that skipped validation reaches the real
+    backend, which refuses it; with the backend's check gone, the pod is really started (and SIGKILLed)."""
+    import carbonflow.execution.k8s_manifests as manifests
+
+    bench = _bench()
+    outcome = bench.k8s_restore_pod_with_a_moved_journal(random.Random(0), tmp_path / "a", "env:POD_NAME")
+    assert outcome.variant == "env:POD_NAME, refused by the backend"
+    assert outcome.power_limits_left_lowered == 0
+    monkeypatch.setattr(manifests, "check_job_env", lambda env: None)
+    outcome = bench.k8s_restore_pod_with_a_moved_journal(random.Random(0), tmp_path / "b", "env:POD_NAME")
+    assert outcome.variant == "env:POD_NAME, started by the backend"
