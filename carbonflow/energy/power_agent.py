@@ -70,6 +70,7 @@ class PowerAgent:
     def hold(self, gpu_ids: list[int], limit_mw: int, holder: str) -> None:
         """``holder`` wants ``limit_mw`` on ``gpu_ids``: recorded (with the original on a first hold), then set."""
         with self._lock:
+            before = json.loads(json.dumps(self.gpus))
             for index in gpu_ids:
                 record = self.gpus.get(str(index))
                 if record is None:
@@ -79,7 +80,12 @@ class PowerAgent:
                 record["holders"][holder] = limit_mw
                 self.gpus[str(index)] = record
             self._save()  # before the change: a crash after it still knows the original
-            self.zeusd.set_power_limit_w(gpu_ids, limit_mw / 1000)
+            try:
+                self.zeusd.set_power_limit_w(gpu_ids, limit_mw / 1000)
+            except Exception:  # refused or unreachable: nothing is held by this request
+                self.gpus = before
+                self._save()
+                raise
 
     def release(self, holder: str, gpu_ids: list[int] | None = None) -> dict[int, dict[str, int]]:
         """Drop ``holder`` from ``gpu_ids`` (default: every GPU it holds); returns index → limit left, holders left."""
@@ -95,6 +101,9 @@ class PowerAgent:
                     continue
                 remaining = {h: mw for h, mw in record["holders"].items() if h != holder}
                 target_mw = list(remaining.values())[-1] if remaining else record["original_mw"]
+                if holder not in record["holders"]:  # released already: nothing changes
+                    out[index] = {"power_limit_mw": target_mw, "holders": len(remaining)}
+                    continue
                 self.zeusd.set_power_limit_w([index], target_mw / 1000)  # raises: the holder stays, retry later
                 if remaining:
                     record["holders"] = remaining

@@ -107,3 +107,10 @@ def test_the_restore_of_a_dead_holders_journal_releases_that_holder_only(agent_n
     assert restore_from_journal(path, [gpu]) == {gpu.id: 225.0}, "the living holder's limit"
     assert list(agent.gpus["0"]["holders"]) == ["ml/alive"] and not path.exists()
     assert fake_nvml.limits_mw() == [225000, 300000]
+
+
+def test_a_hold_zeusd_refuses_is_not_counted(agent_node) -> None:  # type: ignore[no-untyped-def]
+    fake_nvml, _, agent, sock = agent_node
+    with pytest.raises(ValueError, match="HTTP 400"):
+        _client(sock, "ml/pod-a").set_power_limit_w([0], 999)  # above the GPU's maximum: zeusd refuses
+    assert agent.gpus == {} and fake_nvml.limits_mw() == [300000, 300000]
