@@ -198,11 +198,14 @@ class FakeGpuNode:
     def _env(self, view: ContainerView, **extra: str) -> dict[str, str]:
         root = self._root(view)
         env = self.node.env()
-        env.pop("CARBONFLOW_POWER_JOURNAL_DIR", None)
+        for name in ("CARBONFLOW_POWER_JOURNAL_DIR", "CARBONFLOW_GPU_LEASE_DIR", "CARBONFLOW_NODE_DIR"):
+            env.pop(name, None)  # the host's settings: a container sees only what its manifest gives it
         env.update({k: self._map(view, v) for k, v in view.env.items()})
+        # carbonflow's fixed default node directory, unless the manifest names a mounted one, is in the
+        # container's own filesystem: pods share leases only through a hostPath their manifest mounts
+        env.setdefault("CARBONFLOW_NODE_DIR", str(root / "node"))
         env.update(
             FAKE_NVML_UNPRIVILEGED="1",  # no CAP_SYS_ADMIN in the container: limits go through zeusd
-            CARBONFLOW_GPU_LEASE_DIR=str(root / "gpu-leases"),  # the container's own filesystem
             CARBONFLOW_HOME=str(root / "home"),
             HOME=str(root / "home"),
             PATH=f"{self.bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
