@@ -21,11 +21,86 @@ app = typer.Typer(
     help="Train deep-learning models with less energy and less carbon.", no_args_is_help=True, add_completion=False
 )
 
+EXIT_BAD_FILE = 2
+"""Exit code of a command given a job or plan file it cannot use (as ``carbonflow plan`` exits for a bad job)."""
+
+
+def package_version() -> str:
+    """The installed carbonflow's version (its distribution metadata)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("carbonflow")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"carbonflow {package_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="print carbonflow's version and exit", callback=_print_version, is_eager=True),
+    ] = False,
+) -> None:
+    """Train deep-learning models with less energy and less carbon."""
+
+
+def _refuse_file(message: str) -> typer.Exit:
+    """Print ``error: message`` on one line to stderr; the Exit to raise (no traceback)."""
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    return typer.Exit(EXIT_BAD_FILE)
+
+
+def load_job_or_exit(path: Path, option: str):  # -> JobSpec
+    """The job in ``path``, read as ``carbonflow plan`` and the job registry read it (YAML or JSON); a file that
+    is missing or not a valid job is refused in one line naming ``option``, the file and each problem."""
+    from carbonflow.registry import RegistryError, load_job_file
+
+    if not path.is_file():
+        raise _refuse_file(f"{option}: {path} is not a readable file")
+    try:
+        return load_job_file(path)
+    except RegistryError as err:
+        raise _refuse_file(f"{option}: {path} is not a valid job: {err}") from None
+
+
+def load_plan_or_exit(path: Path, option: str):  # -> Plan
+    """The Plan JSON in ``path``; refused in one line when it is not one."""
+    from pydantic import ValidationError
+
+    from carbonflow.models import Plan, field_problems
+
+    try:
+        return Plan.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise _refuse_file(f"{option}: {path} is not readable: {err}") from None
+    except ValidationError as err:
+        problems = "; ".join(field_problems(err, Plan))
+        raise _refuse_file(f"{option}: {path} is not a valid Plan JSON: {problems}") from None
+
+
+def _job_as_json(job: Path, result: Path) -> Path:
+    """``job`` itself when it is JSON; else the validated job written as JSON beside ``result`` (the wrapper
+    reads JSON), so ``run --job`` takes the YAML that ``plan`` takes."""
+    spec = load_job_or_exit(job, "--job")
+    if job.suffix == ".json":
+        return job
+    converted = result.parent / f"{result.stem}.job.json"
+    converted.parent.mkdir(parents=True, exist_ok=True)
+    converted.write_text(spec.model_dump_json(), encoding="utf-8")
+    return converted
+
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
 def run(
     ctx: typer.Context,
-    job: Annotated[Path, typer.Option(help="JobSpec JSON file", exists=True, dir_okay=False)],
+    job: Annotated[Path, typer.Option(help="the job's JobSpec (YAML or JSON, as in the job registry)")],
     plan: Annotated[Path, typer.Option(help="Plan JSON file", exists=True, dir_okay=False)],
     result: Annotated[Path, typer.Option(help="where to write the measured result (JSON)")],
     trace: Annotated[Path | None, typer.Option(help="write a power trace CSV here")] = None,
@@ -54,6 +129,8 @@ def run(
             raise typer.BadParameter(
                 f"--sweep-limits={sweep_limits!r} must be comma-separated watts, e.g. 250,225,200"
             ) from None
+    load_plan_or_exit(plan, "--plan")
+    job = _job_as_json(job, result)
     code = main_from_files(
         job, plan, result, command,
         trace_csv=trace, trace_interval_s=trace_interval, profile_steps=profile_steps,
@@ -87,7 +164,7 @@ HOME_DEFAULT = "$CARBONFLOW_HOME, else ./.carbonflow"  # carbonflow.settings.hom
 
 @app.command()
 def profile(
-    job: Annotated[Path, typer.Argument(help="JobSpec JSON file", exists=True, dir_okay=False)],
+    job: Annotated[Path, typer.Argument(help="the job's JobSpec (YAML or JSON, as in the job registry)")],
     out: Annotated[Path, typer.Option(help="where to write the Profile JSON")] = Path("profile.json"),
     step_w: Annotated[float, typer.Option(help="power-limit step of the sweep (W)", min=1)] = 25.0,
     workdir: Annotated[
@@ -100,11 +177,10 @@ def profile(
     from carbonflow.energy.discovery import discover_devices
     from carbonflow.execution.commands import samples_per_epoch
     from carbonflow.execution.local import LocalBackend
-    from carbonflow.models import JobSpec
     from carbonflow.profiling.profiler import profile_job
     from carbonflow.settings import home_dir
 
-    spec = JobSpec.model_validate_json(job.read_text(encoding="utf-8"))
+    spec = load_job_or_exit(job, "JOB")
     workdir = workdir or home_dir() / "runs" / "cli"
     devices = discover_devices(spec.simulated_gpu, include_cpu=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
