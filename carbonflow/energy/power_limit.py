@@ -602,13 +602,57 @@ def main(argv: list[str] | None = None) -> int:
     p_restore.add_argument("path", nargs="?", help="journal file (default: every stale journal)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    devices = _host_gpus_or_none()
+    before_w = _limits_w(devices or [])
     try:
-        result = {args.path: restore_from_journal(args.path)} if args.path else restore_stale_journals()
+        if args.path:
+            result = {args.path: restore_from_journal(args.path, devices)}
+        else:
+            result = restore_stale_journals(devices=devices)
     except EnergyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(result, indent=2))
+    for line in restore_report_lines(result, before_w):
+        print(line)
     return 0
+
+
+def _host_gpus_or_none() -> list[Device] | None:
+    """This host's GPUs, or None when they cannot be listed (the restore then lists them itself, if it must)."""
+    try:
+        return host_gpus()
+    except Exception as exc:  # no NVML here: only the report's "from" figures are lost
+        logger.debug("GPUs not listed before the restore: %s", exc)
+        return None
+
+
+def _limits_w(devices: Sequence[Device]) -> dict[str, float | None]:
+    """Each device's power limit (W) now, None where it cannot be read."""
+    out: dict[str, float | None] = {}
+    for dev in devices:
+        try:
+            out[dev.id] = dev.power_limit_w()
+        except Exception:  # a report figure, not a decision
+            out[dev.id] = None
+    return out
+
+
+def restore_report_lines(result: dict[str, dict[str, float]], before_w: dict[str, float | None]) -> list[str]:
+    """What ``restore`` did, one line per GPU: ``restored from X W to Y W`` (the journal named), or ``nothing to
+    restore`` for a GPU no journal named; one line when there was no GPU and no journal."""
+    lines: list[str] = []
+    restored: set[str] = set()
+    for path, limits in result.items():
+        for gpu_id, to_w in limits.items():
+            restored.add(gpu_id)
+            from_w = before_w.get(gpu_id)
+            was = f"from {from_w:g} W " if from_w is not None else ""
+            lines.append(f"GPU {gpu_id}: restored {was}to {to_w:g} W (journal {path})")
+    for gpu_id, now_w in before_w.items():
+        if gpu_id not in restored:
+            at = f" (limit {now_w:g} W)" if now_w is not None else ""
+            lines.append(f"GPU {gpu_id}: nothing to restore{at}")
+    return lines or ["nothing to restore: no GPU found and no journal left by a crashed run"]
 
 
 if __name__ == "__main__":  # pragma: no cover
