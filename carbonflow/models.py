@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from carbonflow.contract import check_env_from_connections, check_job_env
+from carbonflow.progress_pattern import MAX_PATTERN_CHARS, PATTERN_GROUPS, check_pattern_for_job, check_progress_pattern
 
 SignalKind = Literal["average-direct", "average-lifecycle", "marginal"]
 """What a carbon-intensity number means; never mix kinds in one comparison."""
@@ -172,6 +173,13 @@ class JobSpec(_InputModel):
         le=MAX_SAMPLES_PER_EPOCH,
         description="samples one epoch holds (command jobs that give their work in epochs)",
     )
+    progress_pattern: str | None = Field(
+        default=None,
+        description="a regular expression searched in each line the command prints (stdout and stderr): its "
+        f"matches are the progress reports of a script that writes none; named groups among {', '.join(PATTERN_GROUPS)}"
+        f" (the last accuracy is the run's test_accuracy unless the script reports one); at most {MAX_PATTERN_CHARS} "
+        "characters; see docs/own-job.md",
+    )
     image: str | None = Field(
         default=None, max_length=MAX_PATH_CHARS, description="container image for the Kubernetes backend"
     )
@@ -288,6 +296,13 @@ class JobSpec(_InputModel):
         check_env_from_connections(v, info.data.get("env") or {})
         return v
 
+    @field_validator("progress_pattern")
+    @classmethod
+    def _progress_pattern(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_progress_pattern(v)
+        return v
+
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
@@ -390,6 +405,8 @@ class JobSpec(_InputModel):
                 f"samples_per_epoch=None: job {self.name!r} gives its work in epochs={self.epochs}, so carbonflow must "
                 "know how many samples one epoch holds to plan it; set samples_per_epoch, or give the work as steps"
             )
+        if self.progress_pattern is not None:
+            check_pattern_for_job(self.progress_pattern, self.samples_per_epoch)
         if self.min_containers > self.max_containers:
             raise ValueError(
                 f"min_containers={self.min_containers} is above max_containers={self.max_containers}; it must be <= it"

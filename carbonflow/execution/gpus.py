@@ -127,14 +127,20 @@ class GuardedChild(subprocess.Popen[bytes]):
 
 
 def start_child(
-    command: list[str], env: dict[str, str], lease: GpuLeaseSet | None, cwd: str | None = None
+    command: list[str],
+    env: dict[str, str],
+    lease: GpuLeaseSet | None,
+    cwd: str | None = None,
+    *,
+    capture_output: bool = False,
 ) -> GuardedChild:
     """Start the training under its guard (:mod:`carbonflow.execution.guard`) as a new process group.
 
     The guard dies with the wrapper and takes every process of the training with it; it and the training hold
     the GPUs' leases meanwhile. Only the training gets ``env`` and ``cwd`` (default: the wrapper's; sent on a
     pipe); the guard runs with an empty environment in ``/``. The training's exit status is the guard's (a
-    signal death N as ``128 + N``).
+    signal death N as ``128 + N``). With ``capture_output`` the training's stdout and stderr are pipes
+    (``child.stdout``, ``child.stderr``; the guard prints nothing) for the wrapper to read (``progress_pattern``).
     """
     fds = tuple(lease.fds) if lease is not None else ()
     owner = training_owner()
@@ -146,6 +152,7 @@ def start_child(
         child = GuardedChild(
             [sys.executable, *GUARD_FLAGS, str(GUARD_PATH), str(setup_r), str(report_w), "--", *command],
             env={}, cwd="/", start_new_session=True, pass_fds=(*fds, setup_r, report_w),
+            stdout=subprocess.PIPE if capture_output else None, stderr=subprocess.PIPE if capture_output else None,
         )  # fmt: skip
     except BaseException:
         os.close(setup_w)

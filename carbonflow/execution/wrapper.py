@@ -39,6 +39,7 @@ from carbonflow.execution.gpus import (
     pinned_env,
     start_child,
 )
+from carbonflow.execution.printed_lines import PatternProgress, own_streams
 from carbonflow.execution.signing import RESULT_LINE_PREFIX, result_line, sign_result, take_result_key
 from carbonflow.models import Config, DeviceEnergy, JobSpec, Plan, UtcDatetime, utcnow
 from carbonflow.training import (
@@ -106,10 +107,14 @@ class WrappedRun(BaseModel):
 
 
 class _Progress:
-    """Tails the JSON-lines progress file the training writes."""
+    """Tails the JSON-lines progress file the training writes, and the reports its printed lines make
+    (``progress_pattern``: :mod:`carbonflow.execution.printed_lines`). Once the training has written a report
+    of its own, only its own reports count as progress; the lines' accuracy is the fallback ``test_accuracy``."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, lines: PatternProgress | None = None) -> None:
         self.path = path
+        self.lines = lines
+        self.own_reports = 0
         self.offset = 0
         self.step = 0
         self.samples = 0
@@ -118,6 +123,19 @@ class _Progress:
         self.reports: list[tuple[int, float, int]] = []  # (step, t_s, samples) as the training wrote them
 
     def poll(self) -> None:
+        self._poll_file()
+        for report in self.lines.drain() if self.lines is not None else []:
+            if self.own_reports == 0:
+                self._take(report)
+
+    def final_metrics(self) -> dict[str, float]:
+        """The training's metrics; ``test_accuracy`` from its printed lines when it reported none itself."""
+        accuracy = self.lines.accuracy if self.lines is not None else None
+        if accuracy is None or "test_accuracy" in self.metrics:
+            return self.metrics
+        return {**self.metrics, "test_accuracy": accuracy}
+
+    def _poll_file(self) -> None:
         if not self.path.exists():
             return
         with self.path.open("r", encoding="utf-8") as handle:
@@ -133,11 +151,16 @@ class _Progress:
             except json.JSONDecodeError:
                 log.warning("ignoring a malformed progress line: %.80s", raw)
                 continue
-            self.step = int(line.get("step", self.step))
-            self.samples = int(line.get("samples", self.samples))
-            self.metrics.update({k: float(v) for k, v in (line.get("metrics") or {}).items()})
-            self.last = (float(line.get("t_s", time.monotonic())), self.samples)
-            self.reports.append((self.step, self.last[0], self.samples))
+            self.own_reports += 1
+            self._take(line)
+
+    def _take(self, line: dict[str, Any]) -> None:
+        """One progress report ``{"step", "samples", "t_s", "metrics"}``."""
+        self.step = int(line.get("step", self.step))
+        self.samples = int(line.get("samples", self.samples))
+        self.metrics.update({k: float(v) for k, v in (line.get("metrics") or {}).items()})
+        self.last = (float(line.get("t_s", time.monotonic())), self.samples)
+        self.reports.append((self.step, self.last[0], self.samples))
 
     def step_time_cv(self, t0: float, t1: float) -> float | None:
         """The spread (standard deviation / mean) of the seconds per step the training reported in [t0, t1]."""
@@ -246,12 +269,23 @@ def _working_dir(spec: JobSpec) -> str | None:
 
 
 def _set_busy(gpus: list[Any], busy: bool) -> bool:
-    """Mark simulated GPUs busy or idle (real GPUs measure themselves); returns ``busy``."""
+    """Mark simulated GPUs busy or idle (real GPUs measure themselves); returns ``busy``. A GPU fed work
+    (:func:`_feed_work`) is never marked busy: its energy follows the samples, not the host's clock."""
     for gpu in gpus:
         set_busy = getattr(gpu, "set_busy", None)
-        if callable(set_busy):
+        if callable(set_busy) and not (busy and callable(getattr(gpu, "add_samples", None))):
             set_busy(busy)
     return busy
+
+
+def _feed_work(gpus: list[Any], samples: int, fed: int) -> int:
+    """Hand a simulated GPU the samples trained since ``fed`` (shared alike by the run's GPUs), so its energy
+    is the work's at the current limit whatever the host's load; returns the samples fed so far."""
+    takers = [g for g in gpus if callable(getattr(g, "add_samples", None))]
+    if takers and samples > fed:
+        for gpu in takers:
+            gpu.add_samples((samples - fed) / len(takers))
+    return max(samples, fed)
 
 
 def _apply_limit(gpus: list[Any], limit_w: float | None, slowdown_file: Path | None, notes: list[str]) -> None:
@@ -328,7 +362,8 @@ def _run_on(
     _set_busy(all_gpus, False)  # a simulated GPU accrues energy only while the training works
     monitor = EnergyMonitor(devices)
     workdir = Path(tempfile.mkdtemp(prefix="carbonflow-run-"))
-    progress = _Progress(workdir / "progress.jsonl")
+    lines = _pattern_progress(spec, plan)
+    progress = _Progress(workdir / "progress.jsonl", lines)
     out_dir = output_dir or workdir / "output"
     out_dir.mkdir(parents=True, exist_ok=True)
     simulated = any(callable(getattr(g, "slowdown_factor", None)) for g in gpus)
@@ -370,8 +405,11 @@ def _run_on(
                 sampler.__enter__()
             monitor.begin_window("run")
             try:
-                child = start_child(command, env, lease, cwd=cwd)
+                child = start_child(command, env, lease, cwd=cwd, capture_output=lines is not None)
+                if lines is not None:
+                    lines.start(list(zip((child.stdout, child.stderr), own_streams(), strict=True)))
                 busy = False
+                fed = 0
                 while True:
                     if received:
                         notes.append(f"wrapper received {signal.Signals(received[0]).name}: training stopped")
@@ -380,6 +418,7 @@ def _run_on(
                         break
                     code = child.poll()
                     progress.poll()
+                    fed = _feed_work(gpus, progress.samples, fed)
                     if not busy and progress.step > 0:
                         # A simulated GPU works from the first training step (the Zeus data has no
                         # idle power, so the process start-up before it accrues no GPU energy).
@@ -397,12 +436,18 @@ def _run_on(
                     if code is not None:
                         exit_code = code
                         break
+                    if lines is not None and sweep is not None and sweep.done:
+                        exit_code = _stop_measured(child, notes)
+                        break
                     time.sleep(POLL_S)
             finally:
                 if child is not None and child.poll() is None:
                     _stop_child(child)
                     exit_code = child.returncode if child.returncode is not None else -signal.SIGTERM
                 notes.extend(_left_behind_note(child))
+                if child is not None:  # the training's last reports are the simulated GPU's work too
+                    progress.poll()
+                    fed = _feed_work(gpus, progress.samples, fed)
                 if sweep is not None and not sweep.done and (sweep.open_at is not None or not sweep.windows):
                     _close_at_exit(sweep, progress, monitor, notes)
                 total = monitor.end_window("run")
@@ -417,6 +462,9 @@ def _run_on(
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
     ended_at = utcnow()
+    if lines is not None:
+        lines.join()
+        notes.extend(lines.notes())
     progress.poll()
     if exit_code < 0:
         notes.append(f"training process ended by signal {signal.Signals(-exit_code).name}")
@@ -447,7 +495,7 @@ def _run_on(
         measured_energy_j=dict(first.energy_j) if first else {},
         measured_energy_window_s=first.energy_window_s if first else 0.0,
         windows=windows,
-        metrics=progress.metrics,
+        metrics=progress.final_metrics(),
         power_limit_applied=applied,
         power_limit_w=plan.config.power_limit_w,
         notes=notes,
@@ -551,6 +599,25 @@ def _energy_from_run(windows: list[MeasuredWindow], total: Any, notes: list[str]
             window.energy_window_s = total.elapsed_s
             notes.append(f"{SHORT_WINDOW}: the window at {window.power_limit_w} W was shorter than one energy reading: "
                          "its energy is the run's mean power over its length")  # fmt: skip
+
+
+def _pattern_progress(spec: JobSpec, plan: Plan) -> PatternProgress | None:
+    """The reader of the training's printed lines when the job has a ``progress_pattern``."""
+    if spec.progress_pattern is None:
+        return None
+    return PatternProgress(spec.progress_pattern, plan.config.batch_size or spec.batch_size, spec.samples_per_epoch)
+
+
+def _stop_measured(child: subprocess.Popen[bytes], notes: list[str]) -> int:
+    """Profile mode, progress from printed lines: the sweep has measured every limit. Such a script does not
+    read the stop file, so the wrapper stops it; a planned end (0), unless it had failed on its own."""
+    code = child.poll()
+    if code is None:
+        _stop_child(child)
+        notes.append("profiling stopped the training once it was measured (progress_pattern: the script does not "
+                      "read the stop file)")  # fmt: skip
+        return 0
+    return code
 
 
 def _silent_too_long(progress: _Progress, start_s: float, timeout_s: float) -> bool:

@@ -21,6 +21,7 @@ from carbonflow.execution.backend import RunOptions
 from carbonflow.execution.shared import SharedMember, SharedRequest, SharedRun, contention_note
 from carbonflow.execution.wrapper import SHORT_WINDOW, MeasuredWindow, WrappedRun
 from carbonflow.models import PROFILE_NOISE, Config, JobSpec, Plan, Profile, ProfilePoint, utcnow
+from carbonflow.progress_pattern import UNMATCHED_NOTE
 
 if TYPE_CHECKING:
     from carbonflow.planning.colocation import PairProfile
@@ -62,6 +63,13 @@ def silent_job_message(spec: JobSpec, run: WrappedRun) -> str:
         return (
             f"profiling {spec.name}: the training failed (exit code {run.exit_code}) before reporting any progress; "
             f"its log: {_log_path(run)}" + (f"; last lines: {tail}" if tail else "")
+        )
+    unmatched = next((note for note in run.notes if note.startswith(UNMATCHED_NOTE)), None)
+    if unmatched is not None:
+        return (
+            f"profiling {spec.name} measured nothing in its first profiling window: {unmatched}. Make the pattern "
+            "match the line the script prints once per epoch or step (docs/own-job.md, \"Progress from the "
+            f"script's own output\"). The training's log: {_log_path(run)}"
         )
     return (
         f"profiling {spec.name} measured nothing: the training reported no progress in {run.duration_s:.0f} s "

@@ -1,0 +1,110 @@
+"""The wrapper's side of ``progress_pattern``: read what the training prints, echo it, turn matches into reports.
+
+With a pattern the training's stdout and stderr are pipes (:func:`carbonflow.execution.gpus.start_child`); one
+reader thread per stream copies every byte unchanged to the wrapper's own stream (the training log stays as it
+was) and splits the text into lines at ``\\n`` and ``\\r`` (progress bars redraw with ``\\r``). A line is kept to
+its first :data:`~carbonflow.progress_pattern.MAX_LINE_CHARS` bytes, so a line without end costs bounded memory.
+Each line the pattern matches becomes a progress report with the wrapper's monotonic time, queued for
+:class:`carbonflow.execution.wrapper._Progress`.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import sys
+import threading
+import time
+from typing import IO, Any
+
+from carbonflow.progress_pattern import MAX_LINE_CHARS, LineMatcher, SeenLines
+
+READ_BYTES = 65536
+JOIN_S = 10.0
+_LINE_END = re.compile(rb"[\r\n]")
+
+
+class PatternProgress:
+    """Progress reports from the lines a training prints (``progress_pattern``)."""
+
+    def __init__(self, pattern: str, batch_size: int, samples_per_epoch: int | None) -> None:
+        self.pattern = pattern
+        self.matcher = LineMatcher(pattern, batch_size, samples_per_epoch)
+        self.seen = SeenLines()
+        self.reports: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+
+    def start(self, streams: list[tuple[IO[bytes] | None, IO[bytes]]]) -> None:
+        """Read each ``(pipe, echo)`` pair in its own thread until the pipe ends."""
+        for pipe, echo in streams:
+            if pipe is None:
+                continue
+            thread = threading.Thread(target=self._read, args=(pipe, echo), name="carbonflow-lines", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def join(self, timeout_s: float = JOIN_S) -> None:
+        """Wait for the readers (the pipes close once the guard has ended every process of the training)."""
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def on_line(self, line: str) -> None:
+        with self._lock:
+            self.seen.add(line)
+            report = self.matcher.match(line)
+        if report is not None:
+            self.reports.put({**report, "t_s": time.monotonic()})
+
+    def drain(self) -> list[dict[str, Any]]:
+        out = []
+        while True:
+            try:
+                out.append(self.reports.get_nowait())
+            except queue.Empty:
+                return out
+
+    @property
+    def accuracy(self) -> float | None:
+        return self.matcher.accuracy
+
+    def notes(self) -> list[str]:
+        return [] if self.matcher.matched else [self.seen.unmatched_note(self.pattern)]
+
+    def _read(self, pipe: IO[bytes], echo: IO[bytes]) -> None:
+        fd, pending = pipe.fileno(), b""
+        try:
+            while chunk := os.read(fd, READ_BYTES):
+                _echo(echo, chunk)
+                *lines, pending = _LINE_END.split(pending + chunk)
+                pending = pending[:MAX_LINE_CHARS]
+                for line in lines:
+                    self.on_line(line[:MAX_LINE_CHARS].decode("utf-8", errors="replace"))
+        finally:
+            pipe.close()
+        if pending:
+            self.on_line(pending.decode("utf-8", errors="replace"))
+
+
+def _echo(echo: IO[bytes], chunk: bytes) -> None:
+    """Copy to the wrapper's own stream; a closed one must not stop the reading (the training would block)."""
+    try:
+        echo.write(chunk)
+        echo.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def own_streams() -> tuple[IO[bytes], IO[bytes]]:
+    """The wrapper's stdout and stderr as byte streams."""
+    return _bytes(sys.stdout, 1), _bytes(sys.stderr, 2)
+
+
+def _bytes(stream: Any, fd: int) -> IO[bytes]:
+    buffer = getattr(stream, "buffer", None)
+    if buffer is not None:
+        stream.flush()
+        return buffer
+    return os.fdopen(os.dup(fd), "wb", buffering=0)
