@@ -58,6 +58,7 @@ def test_keys_and_targets_are_consistent(quick, bench):
     primary = quick["by_forecast"][quick["primary_forecast"]]
     assert quick["power_limit_only_carbon_reduction"] == primary["power_limit_only"]["carbon_reduction"]
     assert quick["finish_by_12h_misses"] == primary["finish_by_12h"]["misses"]
+    assert quick["finish_by_12h_epochs_from_history_misses"] == primary["finish_by_12h_epochs_from_history"]["misses"]
     n = quick["starts"]["count"] * SEEDS
     assert quick["starts"]["count"] == QUICK["limit_starts"] and len(quick["seeds"]) == SEEDS
     assert primary["power_limit_only"]["runs"] == n * len(QUICK["error_seeds"])
@@ -107,7 +108,7 @@ def test_every_scored_choice_is_plan_jobs(bench, monkeypatch):
     monkeypatch.setattr(bench, "plan_job", counting)
     doc = bench.run(DATA, **QUICK)
     pairs = QUICK["limit_starts"] * SEEDS
-    arms_per_provider = 3  # power limits alone, finish-by, finish-by at max_slowdown 0.025
+    arms_per_provider = 4  # power limits alone, finish-by, finish-by at max_slowdown 0.025, epochs from history
     providers = 1 + len(QUICK["error_seeds"])  # perfect foresight + each error seed
     assert len(calls) == pairs * (arms_per_provider * providers + 1)  # + the perfect-foresight ceiling arm
     assert sum(f is None for f in calls) == pairs * providers  # power limits alone: no finish_by
@@ -138,3 +139,12 @@ def test_window_ending_cuts_the_last_slot(bench):
 def test_bad_signal_is_refused_by_name(bench):
     with pytest.raises(ValueError, match=r"signal='hist2'.*'hist'"):
         bench.load_setting(DATA, "hist2")
+
+
+@needs_data
+def test_unknown_epochs_make_no_misses(quick):
+    """Told only the other seeds' epochs, the planner keeps room for the most a run may need: no run (some
+    need more epochs than the mean it plans the cost with) finishes after finish_by."""
+    for arms in quick["by_forecast"].values():
+        assert arms["finish_by_12h_epochs_from_history"]["misses"] == 0
+    assert quick["finish_by_12h_misses"] == 0
