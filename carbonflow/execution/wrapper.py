@@ -377,6 +377,8 @@ def _run_on(
         spec, progress.path, out_dir, stop_file, sweep.total_steps() if sweep is not None else None, slowdown_file,
         plan.config, profile=sweep is not None,
     )  # fmt: skip
+    if lines is not None:  # a Python script's print() reaches the pipe line by line, not at exit
+        env.setdefault("PYTHONUNBUFFERED", "1")
     env = pinned_env(env, gpus)
     env = drop_privileges_for_training(env, [workdir, out_dir])
     command = [word.replace("{output_dir}", str(out_dir)) for word in command]

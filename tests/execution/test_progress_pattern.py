@@ -36,11 +36,11 @@ LIGHTNING_PATTERN = r"Epoch (?P<epoch>\d+): 100%.*train_loss=(?P<loss>[\d.]+).*v
 PRINT_SCRIPT = r"""
 import sys, time
 epochs = int(sys.argv[1])
-print("loading data", flush=True)
+print("loading data")
 for e in range(1, epochs + 1):
     time.sleep(0.15)
-    print(f"epoch {e}/{epochs} loss {1 / e:.4f} val_acc {0.5 + e / 100:.4f}", flush=True)
-print("done", flush=True)
+    print(f"epoch {e}/{epochs} loss {1 / e:.4f} val_acc {0.5 + e / 100:.4f}")  # no flush: as scripts are
+print("done")
 """
 
 # A Lightning-shaped progress bar on stderr: redrawn with \r, the 100 % bar of each epoch carries val_acc.
