@@ -71,6 +71,7 @@ class Tally:
     succeeded: int = 0
     details: list[str] = field(default_factory=list)
     examples: list[str] = field(default_factory=list)
+    harness_errors: list[str] = field(default_factory=list)
 
 
 # --- a triggerer: conf of a DAG run --------------------------------------------------------------------------
@@ -110,11 +111,21 @@ def _trigger(conf: dict, run_tasks: str) -> tuple[dict[str, str | None], dict | 
     return states, spec
 
 
+def _control_trigger() -> None:
+    """Once: a request a trigger may make passes ``validate`` (else every refusal below would mean nothing)."""
+    if "control" not in _DAG_CACHE:
+        states, spec = _trigger({"job": "digits-cnn", "epochs": 1}, "validate")
+        if states.get("validate") != "success" or spec is None:
+            raise HarnessError(f"a request a trigger may make did not pass validate: {states}")
+        _DAG_CACHE["control"] = True
+
+
 def _marker_command(marker: Path) -> list[str]:
     return ["sh", "-c", f"touch {marker}; id; env"]
 
 
 def trigger_runs_a_command(rng: random.Random, root: Path) -> Attempt:
+    _control_trigger()
     marker = root / "pwned"
     job = {"name": f"evil-{rng.randint(0, 9999)}", "command": _marker_command(marker), "steps": 5, "region": "GB"}
     conf = rng.choice([
@@ -140,6 +151,7 @@ SECRETISH = {
 
 
 def trigger_sets_an_author_field(rng: random.Random, root: Path) -> Attempt:
+    _control_trigger()
     name = rng.choice(sorted(SECRETISH))
     conf = {"job": "digits-cnn", name: SECRETISH[name]}
     states, spec = _trigger(conf, "validate")
@@ -149,6 +161,7 @@ def trigger_sets_an_author_field(rng: random.Random, root: Path) -> Attempt:
 
 
 def trigger_asks_unbounded_work(rng: random.Random, root: Path) -> Attempt:
+    _control_trigger()
     far = datetime(2099, 1, 1, tzinfo=UTC).isoformat()
     name, value = rng.choice([
         ("epochs", 10**12), ("epochs", 10**6), ("steps", 10**12), ("batch_size", 10**9), ("epochs", 0),
@@ -273,8 +286,11 @@ def _wrapper(
                 forecast_provider="attack-injection", reason="attack injection")  # fmt: skip
     (run_dir / "job.json").write_text(spec.model_dump_json())
     (run_dir / "plan.json").write_text(plan.model_dump_json())
+    seen = run_dir / "seen"
+    seen.mkdir(mode=0o777)
+    seen.chmod(0o777)
     script = run_dir / "train.py"
-    script.write_text(code)
+    script.write_text(f"open({str(seen / 'started')!r}, 'w').close()\n" + code)
     script.chmod(0o755)
     os.chmod(run_dir, 0o755)
     with (run_dir / "stdout").open("w") as out, (run_dir / "stderr").open("w") as err:
@@ -284,6 +300,17 @@ def _wrapper(
              TRAINING_PYTHON, str(script)],
             env=node.env(**(env or {})), stdout=out, stderr=err, cwd=run_dir,
         )  # fmt: skip
+
+
+class HarnessError(RuntimeError):
+    """The attack never reached the product (the harness broke): counted apart, never as a defended attack."""
+
+
+def _ran(root: Path, name: str) -> None:
+    """Raise HarnessError unless the training of run ``name`` really started."""
+    if not (root / name / "seen" / "started").exists():
+        stderr = (root / name / "stderr").read_text()[-400:] if (root / name / "stderr").exists() else ""
+        raise HarnessError(f"the training of {name!r} never started: {stderr}")
 
 
 def _as_nobody() -> dict[str, str]:
@@ -323,6 +350,7 @@ def training_reads_secrets(rng: random.Random, root: Path) -> Attempt:
     node = _node(root)
     env = {**planted, **(_as_nobody() if where == "other-processes" else {})}
     node.finish(_wrapper(node, root, "t", code, env=env))
+    _ran(root, "t")
     seen = (loot / "env").read_text() if (loot / "env").exists() else ""
     leaked = sorted(name for name, value in planted.items() if value in seen)
     return Attempt(bool(leaked), f"{where}: leaked {leaked}")
@@ -337,6 +365,7 @@ def _forge_code(result_hint: Path, how: str) -> str:
               "metrics": {"accuracy": FORGED_ACCURACY, "test_accuracy": FORGED_ACCURACY}}  # fmt: skip
     return textwrap.dedent(f"""
         import json, os, signal, time
+        open({str(result_hint.parent.parent.parent / "seen" / "started")!r}, 'w').close()
         forged = {json.dumps(forged)!r}
         print('CARBONFLOW_RESULT ' + forged, flush=True)
         if {how!r} == 'steal-key':
@@ -380,6 +409,8 @@ def training_forges_its_result(rng: random.Random, root: Path) -> Attempt:
     workdir = root / "runs"
     workdir.mkdir()
     os.chmod(workdir, 0o755)
+    (root / "seen").mkdir(mode=0o777)
+    (root / "seen").chmod(0o777)
     script = root / "forge.py"
     script.write_text(_forge_code(workdir / "forge" / "result.json", how))
     os.chmod(script, 0o644)
@@ -394,6 +425,7 @@ def training_forges_its_result(rng: random.Random, root: Path) -> Attempt:
     try:
         run = LocalBackend(workdir).execute(spec, plan, run_name="forge")
     except RunFailed as err:
+        _ran(root, ".")
         return Attempt(False, f"{how} ({as_user}): refused ({str(err).splitlines()[0][:120]})")
     finally:
         os.environ.clear()
@@ -459,6 +491,8 @@ def training_forges_its_result_on_kubernetes(rng: random.Random, root: Path) -> 
             wait_for(lambda: backend.poll(handle).state == "running" and marker.exists(), timeout_s=60)
             api.kill_container(handle.details["pod"])
         wait_for(lambda: backend.poll(handle).state == "finished", timeout_s=60)
+        if not marker.exists():
+            raise HarnessError(f"{how}: the pod's training never ran")
         try:
             run = backend.collect(handle)
         except Exception as err:  # refused: a failed run
@@ -514,6 +548,7 @@ def training_escapes_its_guard(rng: random.Random, root: Path) -> Attempt:
     deadline = time.monotonic() + 30
     while not beat.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+    _ran(root, "first")
     if how == "wrapper-sigkill":
         time.sleep(0.3)
         first.kill()
@@ -558,6 +593,7 @@ def training_code_runs_with_privilege(rng: random.Random, root: Path) -> Attempt
     except ValueError as err:  # the job file is refused: nothing starts
         return Attempt(False, f"{name} via {via}: job refused ({str(err).splitlines()[0][:100]})")
     node.finish(proc)
+    _ran(root, "t")
     lines = marker.read_text().splitlines() if marker.exists() else []
     privileged = [line for line in lines if line.split()[0] == "0"]
     return Attempt(bool(privileged), f"{name} via {via}: imported by {lines[:3]}")
@@ -592,6 +628,7 @@ def training_touches_the_node(rng: random.Random, root: Path) -> Attempt:
         print('DONE', done)
     """)
     node.finish(_wrapper(node, root, "t", code, env=_as_nobody()))
+    _ran(root, "t")
     out = [line for line in (root / "t" / "stdout").read_text().splitlines() if line.startswith(("DONE", "refused"))]
     touched = any(line.startswith("DONE [") and line != "DONE []" for line in out)
     lowered_to_100 = any(mw == 100000 for mw in node.limits_mw())
@@ -853,7 +890,11 @@ def run(per_kind: int, seed: int, kinds: list[str] | None = None) -> dict:
         for _ in range(per_kind):
             with tempfile.TemporaryDirectory(prefix=f"attack-{name}-") as tmp:
                 os.chmod(tmp, 0o755)
-                outcome = KINDS[name].attempt(rng, Path(tmp))
+                try:
+                    outcome = KINDS[name].attempt(rng, Path(tmp))
+                except HarnessError as err:
+                    tally.harness_errors.append(str(err)[:300])
+                    continue
             tally.tried += 1
             tally.succeeded += int(outcome.succeeded)
             if len(tally.examples) < EXAMPLES_PER_KIND:
@@ -877,6 +918,7 @@ def run(per_kind: int, seed: int, kinds: list[str] | None = None) -> dict:
         "kinds": len(tallies),
         "by_kind": by_kind,
         "successes": {name: t.details for name, t in tallies.items() if t.details},
+        "harness_errors": {name: t.harness_errors for name, t in tallies.items() if t.harness_errors},
         "elapsed_s": round(time.monotonic() - t0, 1),
     }
 
@@ -898,7 +940,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k not in ("by_kind",)}, indent=2))
-    return 1 if result["attacks_succeeded"] else 0
+    return 1 if result["attacks_succeeded"] or result["harness_errors"] else 0
 
 
 if __name__ == "__main__":

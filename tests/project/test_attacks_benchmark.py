@@ -43,6 +43,7 @@ def test_a_sample_of_every_attack_kind_succeeds_in_nothing(dag_bag, tmp_path):
     assert result["attacks_tried"] == len(attacks.KINDS)
     assert result["ran_as_root"] is True  # the privilege-drop kinds need it; CI runs as root
     assert set(result["by_kind"]) == set(attacks.KINDS)
+    assert result["harness_errors"] == {}, "every attempt reached the product"
     assert result["attacks_succeeded"] == 0, result["successes"]
 
 
@@ -117,3 +118,10 @@ def test_forging_kind_sees_a_training_that_runs_as_the_wrappers_own_user(monkeyp
         Path(tmp).chmod(0o755)
         outcome = attacks.training_forges_its_result(Steal(0), Path(tmp))
     assert outcome.succeeded, outcome.detail
+
+
+def test_an_attack_that_never_reaches_the_product_is_a_harness_error_not_a_defence(monkeypatch):
+    """A broken harness (the wrapper cannot start) must not read as 'attack refused'."""
+    monkeypatch.setattr(attacks, "TRAINING_PYTHON", "/nonexistent/python")
+    result = attacks.run(per_kind=1, seed=0, kinds=["training_reads_secrets"])
+    assert result["attacks_tried"] == 0 and result["harness_errors"], result
