@@ -223,11 +223,15 @@ def _w(limit: float | None) -> str:
 
 
 def _kj(value: float | None) -> str:
-    return "–" if value is None else f"{value / 1000:.2f}"
+    from carbonflow.units import format_energy_j
+
+    return format_energy_j(value)
 
 
 def _g(value: float | None) -> str:
-    return "–" if value is None else f"{value:.3f}"
+    from carbonflow.units import format_emissions_g, tidy_zero
+
+    return format_emissions_g(None if value is None else tidy_zero(value))
 
 
 def saving_cell(saving_g: float | None, fraction: float | None, objective: str | None) -> str:
@@ -236,7 +240,7 @@ def saving_cell(saving_g: float | None, fraction: float | None, objective: str |
 
     if saving_g is None:
         return "–"
-    return f"{saving_g:.3f} g ({format_saving(fraction)}; objective {objective or '?'})"
+    return f"{_g(saving_g)} ({format_saving(fraction)}; objective {objective or '?'})"
 
 
 def sharing_line(metrics: dict[str, float]) -> str:
@@ -266,7 +270,7 @@ def print_summary(console: Console, runs: list[dict[str, Any]]) -> None:
     from carbonflow.tracking import schema as s
 
     table = Table(title="carbonflow nightly_retrain — one night (replayed carbon data)", show_lines=True)
-    for column in ("job", "configuration", "start (replay)", "energy kJ pred/meas", "g CO2e pred/meas",
+    for column in ("job", "configuration", "start (replay)", "energy pred/meas", "CO2e pred/meas",
                    "test acc.", "saving vs now @ default"):  # fmt: skip
         table.add_column(column, no_wrap=column == "job")
     for run in runs:
@@ -301,8 +305,8 @@ def print_summary(console: Console, runs: list[dict[str, Any]]) -> None:
             config = alt["config"]
             console.print(
                 f"    also considered: {config['containers']}× @ {_w(config.get('power_limit_w'))} from "
-                f"{short_time(alt['start'], ' UTC')}: {alt['predicted_energy_j'] / 1000:.2f} kJ, "
-                f"{alt['predicted_emissions_g']:.3f} g",
+                f"{short_time(alt['start'], ' UTC')}: {_kj(alt['predicted_energy_j'])}, "
+                f"{_g(alt['predicted_emissions_g'])}",
                 soft_wrap=True,
             )
         for device in _devices(run["run_id"]):

@@ -50,8 +50,9 @@ class JobOutcome:
             return f"{self.plan.job}: " + "; ".join(unrestored)
         if self.result.succeeded:
             return None
-        code = self.result.exit_code
-        return f"training of {self.plan.job} exited with code {code}; the run is logged ({self.tracking})"
+        from carbonflow.session.crash import crash_report
+
+        return f"{crash_report(self.plan.job, self.result)}\n{_where_logged(self.tracking)}"
 
     def warnings(self, finish_by: Any) -> list[str]:
         """What an operator should hear about although the task succeeds: a missed finish-by, a held record."""
@@ -419,13 +420,30 @@ class RunSession:
             member.job, plan, result, profile=member.profile, forecast=state.forecast, actual_points=points,
             power_trace_csv=Path(trace) if trace else None,
             model_path=model_path if model_path is not None and model_path.exists() else None,
-            tracking_uri=self.tracking_uri, would_have=member.would_have, **self.identity(member.job.name),
+            tracking_uri=self.tracking_uri, would_have=member.would_have, error=_crash(member.job.name, result),
+            **self.identity(member.job.name),
         )  # fmt: skip
         if outcome.spooled:
             self.log.warning("%s", outcome.message)
         else:
             self.log.info("MLflow run of %s: %s", member.job.name, outcome.run_id)
         return outcome.model_dump(mode="json")
+
+
+def _crash(job: str, result: RunResult) -> str | None:
+    """A failed training's exit status and last output lines (the MLflow run's ``carbonflow.error``); None if it
+    succeeded."""
+    from carbonflow.session.crash import crash_report
+
+    return None if result.succeeded else crash_report(job, result)
+
+
+def _where_logged(tracking: dict[str, Any]) -> str:
+    """Where a run's record went, in words (not the TrackingOutcome's fields)."""
+    if tracking.get("spooled"):
+        return f"its run is held for MLflow ({tracking.get('reason') or 'MLflow unreachable'})"
+    run_id = tracking.get("run_id")
+    return f"its MLflow run {run_id} has the tag carbonflow.error" if run_id else "its MLflow run was not logged"
 
 
 OBSERVE_ONLY_ENV = "CARBONFLOW_OBSERVE_ONLY"

@@ -13,15 +13,15 @@ from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 
-from carbonflow.models import Forecast, ForecastPoint, JobSpec, Plan, Profile, RunResult
+from carbonflow.models import Forecast, ForecastPoint, JobSpec, Plan, Profile, RunResult, utcnow
 from carbonflow.tracking import schema
 from carbonflow.tracking.plots import forecast_plot, pareto_plot
 from carbonflow.tracking.records import ArtifactFile, RegistryRequest, RunRecord, TrackingOutcome
 from carbonflow.tracking.spool import deliver, new_idempotency_key
+from carbonflow.units import J_PER_KWH, format_emissions_g, format_energy_j
 
 log = logging.getLogger(__name__)
 
-J_PER_KWH = 3.6e6
 _REASON_MAX = 500
 
 
@@ -72,6 +72,20 @@ def _plot(problems: list[str], name: str, draw: Callable[[], object]) -> bool:
     return True
 
 
+ERROR_TAG_MAX = 4000
+"""Characters of ``carbonflow.error`` kept (its end: the last lines say what broke); MLflow limits a tag's value."""
+
+
+def _error_text(result: RunResult, error: str | None) -> str:
+    text = error or f"training exited with code {result.exit_code}"
+    return text if len(text) <= ERROR_TAG_MAX else "…" + text[-(ERROR_TAG_MAX - 1) :]
+
+
+def _failed(result: RunResult, error: str | None) -> list[str]:
+    """The description's first line for a failed training: what broke, before the plan."""
+    return [] if result.succeeded else [f"FAILED: {_error_text(result, error)}"]
+
+
 def _check_same_job(spec: JobSpec, plan: Plan, result: RunResult) -> None:
     if plan.job != spec.name:
         raise ValueError(f"plan.job={plan.job!r} does not match spec.name={spec.name!r}; log a run of one job")
@@ -93,8 +107,12 @@ def training_record(
     idempotency_key: str | None = None,
     provenance: dict[str, str] | None = None,
     would_have: Plan | None = None,
+    error: str | None = None,
 ) -> RunRecord:
     """The complete MLflow record of one training run (artifacts rendered into ``workdir``).
+
+    A failed training (non-zero exit) gets the tag ``carbonflow.error`` (``error``: its exit status and last output
+    lines; else the exit status alone) and no saving: the work was not done, so nothing was saved.
 
     ``would_have``: an observe-only run's plan, the one carbonflow would have run (logged beside what ran).
 
@@ -133,6 +151,9 @@ def training_record(
     if would_have is not None:
         optional[schema.M_WOULD_HAVE_PREDICTED_ENERGY_J] = would_have.predicted_energy_j
         optional[schema.M_WOULD_HAVE_PREDICTED_EMISSIONS_G] = would_have.predicted_emissions_g
+    if not result.succeeded:  # a crashed training saved nothing: its counterfactual and saving are not logged
+        for name in (schema.M_EMISSIONS_RUN_NOW_DEFAULT_G, schema.M_SAVING_G, schema.M_SAVING_FRACTION):
+            optional.pop(name)
     metrics.update({k: v for k, v in optional.items() if v is not None})
     for name, value in result.metrics.items():  # training metrics (test_accuracy, loss, ...) as reported
         metrics.setdefault(name, float(value))
@@ -188,7 +209,8 @@ def training_record(
             model_name=schema.registered_model_name(spec.name),
             artifact_path=schema.A_MODEL_DIR,
             version_tags=version_tags,
-            description=f"{config.key()}: {result.energy_total_j:.0f} J, {result.emissions_g:.3g} g CO2e",
+            description=f"{config.key()}: {format_energy_j(result.energy_total_j)}, "
+            f"{format_emissions_g(result.emissions_g)} CO2e",
         )
 
     if spec.target_metric is not None and spec.target_value is not None and spec.target_metric in result.metrics:
@@ -209,10 +231,15 @@ def training_record(
         schema.T_POWER_LIMIT_APPLIED: "true" if result.power_limit_applied else "false",
         schema.T_MODEL_REGISTERED: "true" if register is not None else "false",
         schema.T_MODEL_REGISTRY_NOTE: registry_note,
-        schema.T_NOTE: "\n".join([f"Plan: {plan.reason}", *result.notes, *(forecast.notes if forecast else [])]),
+        schema.T_NOTE: "\n".join(
+            [*_failed(result, error), f"Plan: {plan.reason}", *result.notes, *(forecast.notes if forecast else [])]
+        ),
         schema.T_OBSERVE_ONLY: "true" if would_have is not None else "false",
         **tags_extra,
     }
+    tags[schema.T_RECORDED_AT] = utcnow().isoformat()
+    if not result.succeeded:
+        tags[schema.T_ERROR] = _error_text(result, error)
     if would_have is not None:
         tags[schema.T_WOULD_HAVE_CONFIG] = would_have.config.key()
         tags[schema.T_WOULD_HAVE_START] = _iso(would_have.start)
@@ -287,6 +314,7 @@ def log_training_run(
     idempotency_key: str | None = None,
     provenance: dict[str, str] | None = None,
     would_have: Plan | None = None,
+    error: str | None = None,
 ) -> TrackingOutcome:
     """Log one training run (schema, plan/result JSON, power trace, Pareto and forecast PNGs, model).
 
@@ -309,6 +337,7 @@ def log_training_run(
             idempotency_key=idempotency_key,
             provenance=provenance,
             would_have=would_have,
+            error=error,
         )
         return deliver(record, tracking_uri, root=spool_dir)
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from carbonflow.tracking.history import RealisedVsPredicted, TrackingUnavailableError, realised_vs_predicted
+from carbonflow.tracking import schema
+from carbonflow.tracking.history import RealisedVsPredicted, TrackingUnavailableError, realised_vs_predicted, run_views
 from carbonflow.tracking.spool import pending
 from carbonflow.tracking.uri import redacted_uri, resolve_tracking_uri
 from carbonflow.units import (
@@ -57,6 +58,8 @@ class ReportRow:
     predicted_duration_s: float
     predicted_energy_j: float
     predicted_emissions_g: float
+    recorded_at: str = ""
+    """Wall-clock time its record was made (``carbonflow.recorded_at``; empty for older runs)."""
 
 
 @dataclass
@@ -85,8 +88,9 @@ class ReportData:
         return sum(r.saving_g for r in self.rows if r.saving_g is not None)
 
 
-def _row(r: RealisedVsPredicted) -> ReportRow:
+def _row(r: RealisedVsPredicted, recorded_at: str = "") -> ReportRow:
     return ReportRow(
+        recorded_at=recorded_at,
         recurrence=r.recurrence,
         run_id=r.run_id,
         started_at=r.started_at.strftime("%Y-%m-%d %H:%M"),
@@ -164,9 +168,10 @@ def build_report(
     if not history:
         extra = f" ({waiting} waiting in the local spool)" if waiting else ""
         raise LookupError(f"no training runs of job {job!r} in {redacted_uri(uri)}{extra}; {_jobs_in_store(uri)}")
+    recorded = _recorded_at(job, uri)
+    rows = sorted((_row(r, recorded.get(r.run_id or "", "")) for r in history), key=time_order)
     if last_n is not None:
-        history = history[-last_n:]
-    rows = [_row(r) for r in history]
+        rows = rows[-last_n:]
     report = ReportData(
         job=job,
         tracking_uri=uri,
@@ -187,6 +192,40 @@ def build_report(
     if report.png_path is not None:
         render_png(report)
     return report
+
+
+def _recorded_at(job: str, uri: str) -> dict[str, str]:
+    """Each MLflow run's ``carbonflow.recorded_at`` (wall clock), by run id."""
+    views = run_views(job, tracking_uri=uri, include_spool=False, strict=True)
+    return {v.run_id: v.tags.get(schema.T_RECORDED_AT, "") for v in views if v.run_id}
+
+
+def time_order(row: ReportRow) -> tuple[str, str, int]:
+    """Oldest first: by start (UTC), then by when the record was made (two nights replaying the same date start
+    at the same replayed time), then by recurrence."""
+    return row.started_at, row.recorded_at, row.recurrence or 0
+
+
+def run_labels(rows: list[ReportRow]) -> list[str]:
+    """One distinct label per run: its start date, its configuration and the run (``#recurrence``, else the
+    MLflow run id's start, else its place in the report)."""
+    labels = []
+    for i, r in enumerate(rows):
+        run = f"#{r.recurrence}" if r.recurrence is not None else f"run {r.run_id[:6]}" if r.run_id else f"run {i + 1}"
+        labels.append(f"{r.started_at[5:]}\n{r.config_key}\n{run}")
+    seen: dict[str, int] = {}
+    for i, label in enumerate(labels):  # still the same (a spooled run twice): number them
+        seen[label] = seen.get(label, 0) + 1
+        if seen[label] > 1:
+            labels[i] = f"{label} ({seen[label]})"
+    return labels
+
+
+def accuracy_ylim(values: list[float | None]) -> tuple[float, float]:
+    """An accuracy axis (0-1) that stops at 1: from a little under the lowest value (never below 0) to 1."""
+    known = [v for v in values if v is not None]
+    low = min(known, default=0.0)
+    return max(0.0, min(low, 1.0) - 0.05), 1.0
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -264,7 +303,7 @@ def render_png(report: ReportData) -> Path:
         raise ValueError(f"the report of {report.job} has no png_path: set where to write the plot")
     rows = report.rows
     xs = list(range(len(rows)))
-    ticks = [f"{f'#{r.recurrence}' if r.recurrence is not None else r.started_at[5:]}\n{r.config_key}" for r in rows]
+    ticks = run_labels(rows)
     fig = Figure(figsize=(PNG_WIDTH_IN, PNG_HEIGHT_IN), dpi=PNG_DPI)
     axes = fig.subplots(2, 2)
     e_unit, per_j = energy_unit_for([r.energy_total_j for r in rows])
@@ -289,6 +328,7 @@ def render_png(report: ReportData) -> Path:
     ax.legend(fontsize=8)
     ax = axes[1][0]
     ax.plot(xs, [r.test_accuracy if r.test_accuracy is not None else float("nan") for r in rows], "o-")
+    ax.set_ylim(*accuracy_ylim([r.test_accuracy for r in rows]))
     ax.set_title("test_accuracy")
     ax = axes[1][1]
     for name, values in (
@@ -305,7 +345,7 @@ def render_png(report: ReportData) -> Path:
     ax.legend(fontsize=8)
     for ax in axes.flat:
         ax.set_xticks(xs, ticks)
-        ax.set_xlabel("run (recurrence or start, UTC) / configuration")
+        ax.set_xlabel("run, oldest first: start (UTC) / configuration / run")
         ax.tick_params(axis="x", labelsize=7 if len(rows) > 8 else 9)
         ax.grid(alpha=0.3)
     labels = ", ".join(sorted({r.energy_labels for r in rows}))
@@ -385,6 +425,7 @@ def render_energy_accuracy_png(report: ReportData, path: Path) -> Path:
                 linewidth=1, label="Pareto front (means)")  # fmt: skip
     ax.set_xlabel(f"energy per run ({unit})")
     ax.set_ylabel("test_accuracy")
+    ax.set_ylim(*accuracy_ylim([r.test_accuracy for r in report.rows]))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     labels = ", ".join(sorted({r.energy_labels for r in report.rows}))

@@ -94,6 +94,10 @@ T_SPOOLED = "carbonflow.spooled"
 T_POWER_LIMIT_APPLIED = "carbonflow.power_limit_applied"
 T_MODEL_REGISTERED = "carbonflow.model_registered"
 T_MODEL_REGISTRY_NOTE = "carbonflow.model_registry_note"
+T_ERROR = "carbonflow.error"
+T_RECORDED_AT = "carbonflow.recorded_at"
+"""Wall-clock UTC time a training's record was made: orders runs whose (replayed) start times are the same."""
+"""A failed training's exit status and its command's last output lines (a failed run logs no saving)."""
 T_REACHED_TARGET = "carbonflow.reached_target"
 T_DAG_ID = "carbonflow.dag_id"
 T_DAG_RUN_ID = "carbonflow.dag_run_id"
@@ -233,6 +237,12 @@ SCHEMA: tuple[SchemaEntry, ...] = (
     SchemaEntry(T_POWER_LIMIT_APPLIED, "tag", "training", "`false` when the power limit could not be set"),
     SchemaEntry(T_MODEL_REGISTERED, "tag", "training", "`true` when the model met the bar and was registered"),
     SchemaEntry(T_MODEL_REGISTRY_NOTE, "tag", "training", "why the model was or was not registered"),
+    SchemaEntry(
+        T_RECORDED_AT, "tag", "training", "wall-clock UTC time the record was made (a replayed run's start is not)"
+    ),
+    SchemaEntry(
+        T_ERROR, "tag", "training (failed)", "the exit status and the command's last output lines; no saving logged"
+    ),
     SchemaEntry(T_NOTE, "tag", "training, profile", "MLflow's run description: plan reason, run and forecast notes"),
     SchemaEntry(T_REACHED_TARGET, "tag", "training", "`true`/`false`: the job's target metric was reached"),
     SchemaEntry(T_IDEMPOTENCY_KEY, "tag", "all", "client-made key; replay from the spool never duplicates a run"),

@@ -27,7 +27,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 
 from carbonflow.tracking.uri import redacted_text, redacted_uri
-from carbonflow.units import format_energy_j
+from carbonflow.units import format_emissions_g, format_energy_j, tidy_zero
 from carbonflow.web.chart import forecast_svg
 from carbonflow.web.data import (
     ForecastCache,
@@ -55,6 +55,11 @@ def _fmt(value: float | None, spec: str = ".3g", suffix: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
+def _grams(emissions_g: float | None) -> str:
+    """Emissions (or a saving) in units.py's unit, floating-point noise read as 0: never ``5.2e-17 g``."""
+    return format_emissions_g(None if emissions_g is None else tidy_zero(emissions_g))
+
+
 def _badges(row: RunRow) -> str:
     labels = [label for label in row.energy_labels.replace(";", ",").split(",") if label.strip()]
     out = "".join(f'<span class="badge {escape(lb.strip())}">{escape(lb.strip())}</span>' for lb in labels)
@@ -68,7 +73,7 @@ def _runs_table(runs: list[RunRow]) -> str:
 
     head = (
         "<tr><th>job</th><th>started (UTC)</th><th>config</th><th>duration s</th><th>energy</th>"
-        "<th>emissions gCO2e</th><th>intensity g/kWh</th><th>test accuracy</th><th>saving g</th>"
+        "<th>emissions CO2e</th><th>intensity g/kWh</th><th>test accuracy</th><th>saving CO2e</th>"
         "<th>saving %</th><th>labels</th><th>run</th></tr>"
     )
     if not runs:
@@ -80,8 +85,8 @@ def _runs_table(runs: list[RunRow]) -> str:
             f'<tr class="run-row" data-run-id="{escape(r.run_id)}"><td>{escape(r.job)}</td>'
             f'<td>{r.started_at:%Y-%m-%d %H:%M}</td><td class="text">{escape(r.config_key)}</td>'
             f"<td>{_fmt(r.duration_s, '.1f')}</td><td>{format_energy_j(r.energy_total_j)}</td>"
-            f"<td>{_fmt(r.emissions_g, '.4g')}</td><td>{_fmt(r.intensity_gco2_per_kwh, '.0f')}</td>"
-            f"<td>{_fmt(r.test_accuracy, '.3f')}</td><td>{_fmt(r.saving_g, '.3g')}</td>"
+            f"<td>{_grams(r.emissions_g)}</td><td>{_fmt(r.intensity_gco2_per_kwh, '.0f')}</td>"
+            f"<td>{_fmt(r.test_accuracy, '.3f')}</td><td>{_grams(r.saving_g)}</td>"
             f'<td>{format_saving(r.saving_fraction)}</td><td class="text">{_badges(r)}</td>'
             f'<td class="text"><code>{escape(r.run_id[:8])}</code></td></tr>'
         )
@@ -98,12 +103,12 @@ def _upcoming_table(upcoming: list[UpcomingJob]) -> str:
         rows.append(
             f'<tr class="upcoming-row"><td>{escape(p.job)}</td><td>{p.start:%Y-%m-%d %H:%M}</td>'
             f'<td>{finish}</td><td class="text">{escape(p.config.key())}</td>'
-            f"<td>{format_energy_j(p.predicted_energy_j)}</td><td>{p.predicted_emissions_g:.4g}</td>"
+            f"<td>{format_energy_j(p.predicted_energy_j)}</td><td>{_grams(p.predicted_emissions_g)}</td>"
             f'<td class="text why">{escape(p.reason)}</td></tr>'
         )
     return (
         '<table id="upcoming-table"><tr><th>job</th><th>planned start (UTC)</th><th>finish by</th><th>config</th>'
-        "<th>predicted energy</th><th>predicted gCO2e</th><th>why</th></tr>" + "".join(rows) + "</table>"
+        "<th>predicted energy</th><th>predicted CO2e</th><th>why</th></tr>" + "".join(rows) + "</table>"
     )
 
 

@@ -1,0 +1,37 @@
+"""Issue 25 finding: the Carbon page showed "5.2e-17 g". Its energy and emissions go through carbonflow.units."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+from carbonflow.models import Config, Plan
+from carbonflow.web.app import render_page
+from carbonflow.web.data import PageData, RunRow, UpcomingJob
+
+START = datetime(2023, 3, 15, 2, tzinfo=UTC)
+
+
+def _row(emissions_g: float, saving_g: float) -> RunRow:
+    return RunRow(run_id="a" * 32, experiment_id="1", job="tiny", started_at=START, status="FINISHED",
+                  config_key="c1-pl250", power_limit_w="250", containers="1", planned_start="", region="GB",
+                  forecast_provider="replay:neso", duration_s=3.0, energy_total_j=0.5, emissions_g=emissions_g,
+                  intensity_gco2_per_kwh=150, test_accuracy=0.9, saving_g=saving_g, saving_fraction=0.0,
+                  energy_labels="estimated", replay=True)  # fmt: skip
+
+
+def _plan(emissions_g: float) -> Plan:
+    return Plan(job="tiny", config=Config(containers=1, power_limit_w=250), start=START, predicted_duration_s=3,
+                predicted_energy_j=0.5, predicted_emissions_g=emissions_g, region="GB", forecast_provider="static",
+                reason="test")  # fmt: skip
+
+
+def test_carbon_page_shows_no_5_2e_17_g_units_go_through_units_py() -> None:
+    page = PageData(forecast=None, upcoming=[UpcomingJob(plan=_plan(2.08e-5))],
+                    runs=[_row(emissions_g=2.08e-5, saving_g=5.2e-17)], tracking_uri="sqlite:///x")  # fmt: skip
+    html = render_page(page)
+    cells = re.findall(r"<td>([^<]*)</td>", html)
+    assert not [c for c in cells if re.search(r"\de[-+]?\d", c)], cells
+    assert "0.0208 mg" in cells  # the run's emissions and the plan's predicted emissions, in mg
+    assert "0 g" in cells  # the saving: floating-point noise reads 0
+    assert "gCO2e</th>" not in html  # the unit is in the cell, chosen per value
