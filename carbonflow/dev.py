@@ -24,7 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from carbonflow.demo import airflow_cli, airflow_executable, demo_env, prepare_airflow
-from carbonflow.terminal import print_path, print_wrapped, short_time, shorten
+from carbonflow.terminal import print_path, print_wrapped, short_time
 
 
 class DevLoopError(RuntimeError):
@@ -309,11 +309,8 @@ def print_runs(
             f"{m[s.M_TEST_ACCURACY]:.3f}" if s.M_TEST_ACCURACY in m else "–",
             *([run["tags"].get(s.T_ENERGY_LABELS, "")] if len(labels) > 1 else []),
         )  # fmt: skip
-    if len(labels) == 1:
-        table.caption = (f"energy: {labels.pop() or 'unlabelled'}; saving: this run's emissions vs starting now "
-                         "at the default power limit")  # fmt: skip
-    else:
-        table.caption = "saving: this run's emissions vs starting now at the default power limit"
+    energy = f"energy: {labels.pop() or 'unlabelled'}; " if len(labels) == 1 else ""
+    table.caption = energy + SAVING_CAPTION
     console.print(table)
     for run in runs:
         tags = run["tags"]
@@ -322,9 +319,9 @@ def print_runs(
         if observe_only:  # the reason: "observe-only: trained at once …; carbonflow would have run …"
             print_wrapped(console, f"{run['job']}: observe-only (trained at once, at the current limit; the plan "
                                    "was logged, not applied)", rest="  ")  # fmt: skip
-            print_wrapped(console, shorten(reason.split("; ", 1)[-1], console.width - 2), first="  ")
+            print_wrapped(console, reason.split("; ", 1)[-1], first="  ", rest="  ")
         else:
-            print_wrapped(console, shorten(f"{run['job']}: planned — {reason}", console.width))
+            print_wrapped(console, f"{run['job']}: planned — {predicted_saving_named(reason)}", rest="  ")
         registry = tags.get(s.T_MODEL_REGISTRY_NOTE)
         if registry:
             print_wrapped(console, f"model: {registry}", first="  ", rest="    ")
@@ -333,6 +330,22 @@ def print_runs(
         log = training_log_of(tracking_uri, run["run_id"]) if tracking_uri else None
         if log is not None:
             print_path(console, "training log:", log, indent="  ")
+
+
+SAVING_CAPTION = (
+    "saving (%): measured — this run's emissions against the predicted emissions of starting now at the default "
+    "configuration, the figure MLflow (saving_fraction), the task log and the Carbon page show; a plan's "
+    "predicted saving is the planner's forecast of it"
+)
+"""How the summary names its one saving figure (the run's, measured) apart from the plan's predicted one."""
+
+_PLAN_SAVING = re.compile(r"(?<!predicted )\bsaving (?=[−-]?\d)")
+
+
+def predicted_saving_named(reason: str) -> str:
+    """A plan's reason with its saving named as the planner's prediction (``saving 23.4 %`` → ``predicted saving
+    23.4 %``), so it is not read as the run's measured saving beside it."""
+    return _PLAN_SAVING.sub("predicted saving ", reason)
 
 
 def _run_warnings(note: str) -> list[str]:

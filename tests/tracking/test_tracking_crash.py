@@ -99,3 +99,21 @@ def test_exit_status_names_a_signal_and_the_tail_leaves_out_the_wrappers_lines(t
     log.write_text("carbonflow run: python train.py (in /x)\n" + "".join(f"line {i}\n" for i in range(30)) +
                    "\ncarbonflow run: power limits restored\n")  # fmt: skip
     assert last_output_lines(log) == [f"line {i}" for i in range(20, 30)]
+
+
+def test_the_task_log_gets_the_runs_one_saving_figure_and_a_crashed_run_none(home: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Issue 25: one saving figure, the same in the summary, the task log, MLflow and the Carbon page."""
+    import logging
+
+    import tracking_factories as f
+
+    from carbonflow.planning.saving import format_saving
+
+    with caplog.at_level(logging.INFO, logger="carbonflow.tracking.logger"):
+        outcome = log_training_run(f.job_spec(), f.plan(), f.result())
+        log_training_run(f.job_spec(), f.plan(), f.result(exit_code=1))
+    run = client_for(outcome.tracking_uri).get_run(outcome.run_id)
+    shown = format_saving(run.data.metrics[schema.M_SAVING_FRACTION])
+    lines = [r.getMessage() for r in caplog.records if "saving" in r.getMessage()]
+    assert lines == [f"digits: saving {shown} carbon (measured: this run's emissions against the predicted emissions "
+                     "of starting now at the default configuration; MLflow saving_fraction)"]  # fmt: skip
