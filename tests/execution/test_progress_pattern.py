@@ -8,6 +8,7 @@ even with ``observe_only``: profiling needs progress reports, and the user had t
 from __future__ import annotations
 
 import os
+import re
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,7 +28,7 @@ from carbonflow.progress_pattern import (
     check_progress_pattern,
 )
 
-PRINT_PATTERN = r"epoch (?P<epoch>\d+)/(?P<epochs>\d+) loss (?P<loss>[\d.]+) val_acc (?P<accuracy>[\d.]+)"
+PRINT_PATTERN = r"epoch (?P<epoch>\d+)/\d+ loss (?P<loss>[\d.]+) val_acc (?P<accuracy>[\d.]+)"
 KERAS_PATTERN = r"Epoch (?P<epoch>\d+)/\d+ .*loss: (?P<loss>[\d.]+) - accuracy: (?P<accuracy>[\d.]+)"
 KERAS_V2_PATTERN = r"^\d+/\d+ - .*loss: (?P<loss>[\d.]+) - accuracy: (?P<accuracy>[\d.]+)"
 LIGHTNING_PATTERN = r"Epoch (?P<epoch>\d+): 100%.*train_loss=(?P<loss>[\d.]+).*val_acc=(?P<accuracy>[\d.]+)"
@@ -160,7 +161,12 @@ def test_a_long_line_is_searched_only_in_its_head():
 
 
 def test_check_progress_pattern_returns_the_compiled_pattern():
-    assert check_progress_pattern(PRINT_PATTERN).groupindex.keys() >= {"epoch", "loss", "accuracy"}
+    assert check_progress_pattern(PRINT_PATTERN).groupindex.keys() == {"epoch", "loss", "accuracy"}
+    assert LineMatcher(r"(?P<epoch>\d+)/(?P<epochs>\d+)", 1, 10).match("3/30") == {
+        "step": 1,
+        "samples": 10,
+        "metrics": {},
+    }
 
 
 # --- reading a pipe -----------------------------------------------------------------------------------------
@@ -236,3 +242,15 @@ def test_a_pattern_that_matches_nothing_in_the_first_profiling_window_shows_the_
     assert UNMATCHED_NOTE in message and "matched none of the 5 line(s)" in message
     assert "epoch 3/3 loss 0.3333 val_acc 0.5300" in message and "loading data" in message
     assert "progress_pattern='Epoch" in message
+
+
+def test_the_docs_shapes_are_the_tested_patterns_and_match_their_example_lines():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "own-job.md").read_text()
+    section = page.split("### Progress from the script's own output")[1].split("\n### ")[0]
+    rows = re.findall(r"^\| (.*`.*) \| `([^`]+)` \|$", section, re.MULTILINE)
+    assert len(rows) == 4
+    for printed, pattern in rows:
+        assert pattern in (PRINT_PATTERN, KERAS_PATTERN, KERAS_V2_PATTERN, LIGHTNING_PATTERN), pattern
+        example = re.findall(r"`([^`]+)`", printed)[-1].replace(r"\|", "|")
+        if not example.startswith("print("):
+            assert LineMatcher(pattern, batch_size=1, samples_per_epoch=1).match(example) is not None, example
