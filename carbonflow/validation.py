@@ -96,7 +96,48 @@ def problems_beside_the_schema(data: object, *, now: datetime | None = None) -> 
         problems.append(region_problem(data["region"]))
     if data.get("finish_by") is not None and "finish_by" not in refused:
         problems.append(_finish_by_problem(TypeAdapter(UtcDatetime).validate_python(data["finish_by"]), now))
+    problems.append(_power_limit_beside_the_schema(data, refused))
     return [problem for problem in problems if problem]
+
+
+def _power_limit_beside_the_schema(data: dict, refused: set[str]) -> str | None:
+    """A power limit the schema accepted, checked against the device range when that range is known here (the
+    job's simulated GPU, or this host's GPU); None when it cannot be told yet."""
+    if refused & {"power_limit_w", "power_limits_w", "simulated_gpu"}:
+        return None
+    from pydantic import TypeAdapter, ValidationError
+
+    from carbonflow.models import SimulatedGpuSpec
+
+    try:
+        simulated = TypeAdapter(SimulatedGpuSpec | None).validate_python(data.get("simulated_gpu"))
+        limits = TypeAdapter(list[float]).validate_python(
+            [w for w in [data.get("power_limit_w"), *(data.get("power_limits_w") or [])] if w is not None]
+        )
+    except ValidationError:
+        return None
+    gpus = _gpus(simulated) if limits else []
+    return _limit_range_problem(limits, gpus) if gpus else None
+
+
+def _gpus(simulated: object) -> list:
+    """The GPUs a job would have here (its simulated one, else this host's), none when they cannot be listed."""
+    from carbonflow.energy.discovery import discover_devices
+    from carbonflow.energy.errors import EnergyError
+
+    try:
+        return [d for d in discover_devices(simulated, include_cpu=False) if d.kind == "gpu"]
+    except EnergyError:
+        return []
+
+
+def _limit_range_problem(limits: list[float], gpus: list) -> str | None:
+    """The first limit outside the first GPU's power-limit range, named with the range."""
+    low, high = gpus[0].power_limit_constraints_w()
+    for limit in limits:
+        if not low <= limit <= high:
+            return f"power_limit_w={limit:g} is outside the range of {gpus[0].model}: {low:g} W to {high:g} W"
+    return None
 
 
 def _finish_by_problem(finish_by: datetime | None, now: datetime | None) -> str | None:
@@ -133,13 +174,7 @@ def _power_limit_problem(spec: JobSpec) -> str | None:
             f"power_limit_w={limit} is set but job {spec.name!r} has no GPU with a settable power "
             "limit here; leave it empty or run on a GPU (or a simulated_gpu)"
         )
-    for limit in [spec.power_limit_w, *(spec.power_limits_w or [])]:
-        if limit is None:
-            continue
-        low, high = gpus[0].power_limit_constraints_w()
-        if not low <= limit <= high:
-            return f"power_limit_w={limit:g} is outside the range of {gpus[0].model}: {low:g} W to {high:g} W"
-    return None
+    return _limit_range_problem([w for w in [spec.power_limit_w, *(spec.power_limits_w or [])] if w is not None], gpus)
 
 
 def _pair_type_problem(spec: JobSpec) -> str | None:
