@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 POLL_S = 0.02
 SHORT_WINDOW = "measured window cut short"
 """Starts a run's note when a profiled configuration was measured over less than it asked (steps or seconds)."""
+WINDOW_TOO_SHORT = "profile window too short"
+"""Starts a run's note when a configuration's progress reports, even all of them, span less than
+``profile_min_window_s``: the profile then falls back to the whole run (or drops that limit), and says so."""
 
 
 class Terminated(Exception):
@@ -205,6 +208,7 @@ class _Sweep:
         self.open_at: tuple[float, int] | None = None
         self.windows: list[MeasuredWindow] = []
         self.done = False
+        self.created_s = time.monotonic()  # just before the training starts: where a whole-run window begins
 
     @property
     def limit_w(self) -> float | None:
@@ -454,7 +458,7 @@ def _run_on(
                     _close_at_exit(sweep, progress, monitor, notes)
                 total = monitor.end_window("run")
                 if sweep is not None:
-                    _energy_from_run(sweep.windows, total, notes)
+                    _energy_from_run(sweep.windows, total, notes, progress.samples)
                 _set_busy(gpus, False)
                 if sampler:
                     sampler.__exit__(None, None, None)
@@ -564,8 +568,9 @@ def _close_at_exit(sweep: _Sweep, progress: _Progress, monitor: EnergyMonitor, n
 
     A job shorter than the profile budget, or whose steps outran the wrapper's polling, still gives a
     window: from the training's own first report after warm-up (the plain warm-up when the job ended before
-    the longer first-phase one) to its last report. Its energy is the measured window's when that covers
-    it, else the run's mean power (:func:`_energy_from_run`).
+    the longer first-phase one) to its last report. Shorter than ``min_window_s``, the window reaches back to
+    the phase's first report; still shorter, it never decides alone (:func:`_too_short`). Its energy is the
+    measured window's when that covers it, else the run's per sample (:func:`_energy_from_run`).
     """
     progress.poll()
     energy = monitor.end_window("measured") if sweep.open_at is not None else None
@@ -573,9 +578,12 @@ def _close_at_exit(sweep: _Sweep, progress: _Progress, monitor: EnergyMonitor, n
     start = progress.since(sweep.phase_start_step + sweep.warmup_for_phase()) or progress.since(
         sweep.phase_start_step + sweep.warmup_steps
     )
-    if start is None or progress.last is None or progress.last[0] <= start[0]:
+    if _span_s(progress, start) <= 0 or _span_s(progress, start) < sweep.min_window_s:
+        start = progress.since(sweep.phase_start_step)  # every report of the phase, warm-up included
+    if _span_s(progress, start) <= 0 or _span_s(progress, start) < sweep.min_window_s:
+        _too_short(sweep, progress, start, notes)
         return
-    (t0, s0), (t1, s1) = start, progress.last
+    (t0, s0), (t1, s1) = start, progress.last  # type: ignore[misc]
     covered = energy is not None and opened_at is not None and opened_at[0] <= t0
     window = MeasuredWindow(
         power_limit_w=sweep.limit_w, samples=s1 - s0, window_s=t1 - t0,
@@ -583,9 +591,7 @@ def _close_at_exit(sweep: _Sweep, progress: _Progress, monitor: EnergyMonitor, n
         step_time_cv=progress.step_time_cv(t0, t1), steps=progress.reports_between(t0, t1),
     )  # fmt: skip
     sweep.windows.append(window)
-    if progress.step < sweep.phase_start_step + sweep.warmup_for_phase() + sweep.profile_steps or (
-        window.window_s < sweep.min_window_s
-    ):
+    if progress.step < sweep.phase_start_step + sweep.warmup_for_phase() + sweep.profile_steps:
         notes.append(
             f"{SHORT_WINDOW}: the training ended {window.window_s:.2f} s into it at {window.power_limit_w} W "
             f"(asked: {sweep.profile_steps} steps, at least {sweep.min_window_s:g} s); kept, with its "
@@ -593,14 +599,56 @@ def _close_at_exit(sweep: _Sweep, progress: _Progress, monitor: EnergyMonitor, n
         )
 
 
-def _energy_from_run(windows: list[MeasuredWindow], total: Any, notes: list[str]) -> None:
-    """A window whose energy reading covers too little of it (opened late) takes the run's mean power instead."""
+def _span_s(progress: _Progress, start: tuple[float, int] | None) -> float:
+    """Seconds from the report ``start`` to the training's last report (0 without both)."""
+    return progress.last[0] - start[0] if start is not None and progress.last is not None else 0.0
+
+
+def _too_short(sweep: _Sweep, progress: _Progress, start: tuple[float, int] | None, notes: list[str]) -> None:
+    """The phase's reports span less than ``min_window_s``: never a rate from them alone. The first phase falls
+    back to the whole run (process start to last report, start-up included, every sample); a later one is
+    dropped (the limits before it were measured). Either way the run's note says so (:data:`WINDOW_TOO_SHORT`)."""
+    if progress.last is None or progress.samples <= 0:
+        return
+    spanned = _span_s(progress, start)
+    told = (
+        f"{WINDOW_TOO_SHORT}: the progress reports at {sweep.limit_w} W span {spanned:.2f} s, less than "
+        f"profile_min_window_s={sweep.min_window_s:g} s"
+    )
+    if sweep.index > 0:
+        notes.append(f"{told}; that limit is left out of the profile")
+        return
+    t1, s1 = progress.last
+    window_s = max(t1 - sweep.created_s, spanned)
+    sweep.windows.append(
+        MeasuredWindow(
+            power_limit_w=sweep.limit_w, samples=s1, window_s=window_s, energy_j={}, energy_window_s=0.0,
+            step_time_cv=progress.step_time_cv(sweep.created_s, t1), steps=len(progress.reports), label="whole run",
+        )
+    )  # fmt: skip
+    notes.append(
+        f"{told}; measured over the whole run instead ({window_s:.2f} s from the process start, {s1} samples, "
+        "start-up included): a longer job, or a longer profile (profile_steps), measures its steady pace"
+    )
+
+
+def _energy_from_run(
+    windows: list[MeasuredWindow], total: Any, notes: list[str], run_samples: int | None = None
+) -> None:
+    """A window whose energy reading covers too little of it (opened late) takes the run's energy per sample
+    (the run's mean power over the window's length when the run's samples are unknown): never the power of a
+    whole process life, start-up included, over a window a fraction of it, which made a rate 10× too low."""
     for window in windows:
         if window.window_s > 0 and window.energy_window_s < 0.5 * window.window_s and total.elapsed_s > 0:
-            window.energy_j = dict(total.energy_j)
-            window.energy_window_s = total.elapsed_s
+            if run_samples:
+                share = min(window.samples / run_samples, 1.0)
+                window.energy_j = {device: joules * share for device, joules in total.energy_j.items()}
+                window.energy_window_s = window.window_s
+            else:
+                window.energy_j = dict(total.energy_j)
+                window.energy_window_s = total.elapsed_s
             notes.append(f"{SHORT_WINDOW}: the window at {window.power_limit_w} W was shorter than one energy reading: "
-                         "its energy is the run's mean power over its length")  # fmt: skip
+                         "its energy is the run's per sample")  # fmt: skip
 
 
 def _pattern_progress(spec: JobSpec, plan: Plan) -> PatternProgress | None:

@@ -12,6 +12,7 @@ never be chosen). One process start per container count keeps profiling cheap.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from carbonflow.energy.device import Device
 from carbonflow.execution.backend import RunOptions
 from carbonflow.execution.shared import SharedMember, SharedRequest, SharedRun, contention_note
-from carbonflow.execution.wrapper import SHORT_WINDOW, MeasuredWindow, WrappedRun
+from carbonflow.execution.wrapper import SHORT_WINDOW, WINDOW_TOO_SHORT, MeasuredWindow, WrappedRun
 from carbonflow.models import PROFILE_NOISE, Config, JobSpec, Plan, Profile, ProfilePoint, utcnow
 from carbonflow.progress_pattern import UNMATCHED_NOTE
 
@@ -35,6 +36,12 @@ class Executor(Protocol):
     """What profiling needs of a backend: the contract's ``execute`` (see ``carbonflow.execution.backend.Backend``)."""
 
     def execute(self, spec: JobSpec, plan: Plan, options: RunOptions | None = None, **fields: Any) -> WrappedRun: ...
+
+
+class ProfileWindowTooShort(UserWarning):
+    """A profiled configuration's progress reports spanned less than the job's ``profile_min_window_s``, even
+    all of them: the profile measured it over the whole run instead (start-up included) or left that power
+    limit out. A prediction from it is a fallback, not a steady-state rate; the profile's notes say so too."""
 
 
 class ProfilingError(RuntimeError):
@@ -205,9 +212,11 @@ def profile_job(
                 "profiled %s: %.1f samples/s, %.4f J/sample", config.key(), point.throughput_samples_per_s,
                 point.energy_per_sample_j,
             )  # fmt: skip
-        short = [note for note in run.notes if note.startswith(SHORT_WINDOW)]
+        short = [note for note in run.notes if note.startswith((SHORT_WINDOW, WINDOW_TOO_SHORT))]
         for note in short:
             log.warning("%s, %d container(s): %s", spec.name, count, note)
+            if note.startswith(WINDOW_TOO_SHORT):
+                warnings.warn(f"{spec.name}, {count} container(s): {note}", ProfileWindowTooShort, stacklevel=2)
         window_notes += short
         if len(run.windows) < len(limits):
             log.info("%d container(s): sweep stopped early (slower than max_slowdown allows)", count)
