@@ -6,10 +6,14 @@ was) and splits the text into lines at ``\\n`` and ``\\r`` (progress bars redraw
 its first :data:`~carbonflow.progress_pattern.MAX_LINE_CHARS` bytes, so a line without end costs bounded memory.
 Each line the pattern matches becomes a progress report with the wrapper's monotonic time, queued for
 :class:`carbonflow.execution.wrapper._Progress`.
+
+The readers never wait on the pattern: they hand lines to one matcher thread through a bounded queue and drop
+a line when it is full, so a slow pattern can lose reports but never block the training on a full pipe.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import re
@@ -20,8 +24,12 @@ from typing import IO, Any
 
 from carbonflow.progress_pattern import MAX_LINE_CHARS, LineMatcher, SeenLines
 
+log = logging.getLogger(__name__)
+
 READ_BYTES = 65536
 JOIN_S = 10.0
+QUEUED_LINES = 10_000
+_END = None
 _LINE_END = re.compile(rb"[\r\n]")
 
 
@@ -33,11 +41,14 @@ class PatternProgress:
         self.matcher = LineMatcher(pattern, batch_size, samples_per_epoch)
         self.seen = SeenLines()
         self.reports: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self.dropped = 0
+        self._lines: queue.Queue[str | None] = queue.Queue(maxsize=QUEUED_LINES)
         self._threads: list[threading.Thread] = []
+        self._matcher = threading.Thread(target=self._match_lines, name="carbonflow-match", daemon=True)
 
     def start(self, streams: list[tuple[IO[bytes] | None, IO[bytes]]]) -> None:
         """Read each ``(pipe, echo)`` pair in its own thread until the pipe ends."""
+        self._matcher.start()
         for pipe, echo in streams:
             if pipe is None:
                 continue
@@ -50,13 +61,27 @@ class PatternProgress:
         deadline = time.monotonic() + timeout_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        if self._matcher.is_alive():
+            self._lines.put(_END)  # after every line the readers queued
+            self._matcher.join(max(0.0, deadline - time.monotonic()))
 
     def on_line(self, line: str) -> None:
-        with self._lock:
-            self.seen.add(line)
-            report = self.matcher.match(line)
-        if report is not None:
-            self.reports.put({**report, "t_s": time.monotonic()})
+        """Queue a printed line for the matcher (dropped, and counted, when the matcher is that far behind)."""
+        try:
+            self._lines.put_nowait(line)
+        except queue.Full:
+            self.dropped += 1
+
+    def _match_lines(self) -> None:
+        while (line := self._lines.get()) is not _END:
+            try:
+                self.seen.add(line)
+                report = self.matcher.match(line)
+            except Exception:  # a bug here must not end the matching; the readers go on regardless
+                log.exception("progress_pattern: could not match a printed line")
+                continue
+            if report is not None:
+                self.reports.put({**report, "t_s": time.monotonic()})
 
     def drain(self) -> list[dict[str, Any]]:
         out = []
@@ -71,7 +96,10 @@ class PatternProgress:
         return self.matcher.accuracy
 
     def notes(self) -> list[str]:
-        return [] if self.matcher.matched else [self.seen.unmatched_note(self.pattern)]
+        notes = [] if self.matcher.matched else [self.seen.unmatched_note(self.pattern)]
+        if self.dropped:
+            notes.append(f"progress_pattern: {self.dropped} printed line(s) not searched (the pattern fell behind)")
+        return notes
 
     def _read(self, pipe: IO[bytes], echo: IO[bytes]) -> None:
         fd, pending = pipe.fileno(), b""

@@ -60,6 +60,8 @@ def can_share(a: JobSpec, b: JobSpec) -> str | None:
 
     if observe_only(a) or observe_only(b):
         return "an observe-only job trains alone, as it would without carbonflow"
+    if a.progress_pattern or b.progress_pattern:
+        return "a job whose progress is read from its printed lines (progress_pattern) trains alone"
     if a.region != b.region:
         return f"different regions ({a.region}, {b.region})"
     if a.min_containers != 1 or b.min_containers != 1:

@@ -254,3 +254,25 @@ def test_the_docs_shapes_are_the_tested_patterns_and_match_their_example_lines()
         example = re.findall(r"`([^`]+)`", printed)[-1].replace(r"\|", "|")
         if not example.startswith("print("):
             assert LineMatcher(pattern, batch_size=1, samples_per_epoch=1).match(example) is not None, example
+
+
+def test_a_matcher_that_falls_behind_drops_lines_instead_of_blocking_the_reader():
+    from carbonflow.execution.printed_lines import QUEUED_LINES
+
+    lines = PatternProgress(r"epoch (?P<epoch>\d+)", batch_size=1, samples_per_epoch=10)  # matcher not started
+    for _ in range(QUEUED_LINES + 5):
+        lines.on_line("epoch 1")  # returns at once: the reader never waits on the pattern
+    assert lines.dropped == 5
+    assert any("5 printed line(s) not searched" in note for note in lines.notes())
+
+
+def test_a_job_with_a_progress_pattern_trains_alone(tmp_path):
+    """A co-located (shared-GPU) run reads only progress files: such a job is never paired."""
+    from carbonflow.operators.night import can_share
+
+    printed = _job(tmp_path, PRINT_SCRIPT)
+    other = _job(tmp_path, PRINT_SCRIPT, name="other", progress_pattern=None)
+    assert "progress_pattern" in (can_share(printed, other) or "") and "progress_pattern" in (
+        can_share(other, printed) or ""
+    )
+    assert can_share(other, other.model_copy(update={"name": "third"})) is None
