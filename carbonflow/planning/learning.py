@@ -17,6 +17,7 @@ API others call::
       .epochs_reached(job, batch_size, last, default_batch_size=None) -> list[float]
       .pair_slowdown(job, other) -> float | None         # worst observed slowdown of job next to other
     fit_fixed_and_rate(profile_figures, realised) -> (fixed, factor)
+    cap_fixed_energy(profile_pairs, realised_j, fixed_s, (fixed_j, factor)) -> (fixed_j, factor)
     slowdown_from_kept_speed(kept) -> float              # the one formula: 1 / kept − 1
     kept_speed_from_slowdown(slowdown) -> float          # its inverse: 1 / (1 + slowdown)
     (the batch-size explorer: carbonflow.planning.batch_size)
@@ -24,7 +25,8 @@ API others call::
 Prediction (what the planner uses): :class:`RunCostModel`, a per-run fixed part (start-up, data loading,
 evaluation) plus a per-sample factor on the profile's figures, for time and energy, learned per job from its
 realised solo runs against what the *profile* predicts for them (:func:`fit_fixed_and_rate`) and applied alike to
-every configuration of the job.
+every configuration of the job. The fixed energy is at most the fixed time at the training's power
+(:func:`cap_fixed_energy`): what is beyond it scales with tonight's work.
 
 Per-configuration ratio (``correction``, kept for reports): realised/predicted duration and energy, per job
 and configuration, over the last ``drift_window`` runs (median, robust to one odd night); when a configuration has
@@ -206,6 +208,28 @@ def fit_fixed_and_rate(profile: Sequence[float], realised: Sequence[float]) -> t
     return fixed, factor
 
 
+def cap_fixed_energy(
+    profile: Sequence[tuple[float, float]], realised_j: Sequence[float], fixed_s: float, fit: tuple[float, float]
+) -> tuple[float, float]:
+    """The energy fit ``(fixed_j, factor)`` with its fixed part at most ``fixed_s`` × the training's power.
+
+    Start-up, data loading and evaluation draw no more than training does, so a run's fixed energy is at most
+    its fixed time at the power the profile predicts for its steps (median of ``profile`` (duration s, energy J)
+    pairs). A larger excess is not fixed: the profile's energy per sample was low (a window too short, a busy
+    host), and the excess scales with the work (the factor). Else a job trained nightly on one amount of work
+    took its whole measured energy as "fixed", and a 2-epoch run was predicted at its 15 epochs' energy.
+    """
+    fixed_j = fit[0]
+    powers = [j / s for s, j in profile if s > 0 and j > 0]
+    if not powers or fixed_j <= 0:
+        return fit
+    cap_j = max(fixed_s, 0.0) * float(np.median(powers))
+    if fixed_j <= cap_j * (1 + 1e-9):
+        return fit
+    ratios = [(y - cap_j) / j for (_, j), y in zip(profile, realised_j, strict=True) if j > 0 and y > cap_j]
+    return (cap_j, float(np.median(ratios))) if ratios else fit
+
+
 def _median_ratio(pairs: Sequence[tuple[float, float]]) -> float:
     ratios = [real / pred for pred, real in pairs if pred > 0 and real > 0]
     return float(np.median(ratios)) if ratios else 1.0
@@ -278,7 +302,9 @@ class JobHistory:
         if not seen:
             return RunCostModel()
         fixed_s, time_factor = fit_fixed_and_rate([b[0] for b, _ in seen], [real[0] for _, real in seen])
-        fixed_j, energy_factor = fit_fixed_and_rate([b[1] for b, _ in seen], [real[1] for _, real in seen])
+        energy_fit = fit_fixed_and_rate([b[1] for b, _ in seen], [real[1] for _, real in seen])
+        fixed_j, energy_factor = cap_fixed_energy([b for b, _ in seen], [real[1] for _, real in seen], fixed_s,
+                                                  energy_fit)  # fmt: skip
         return RunCostModel(fixed_s, fixed_j, time_factor, energy_factor, len(seen))
 
     def epochs_to_target(self, job: str, batch_size: int | None, last: int | None = None) -> float | None:
