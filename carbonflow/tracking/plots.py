@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from carbonflow.models import Forecast, ForecastPoint, Plan, Profile, RunResult
+from carbonflow.units import emissions_unit_for, energy_unit_for
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -36,21 +37,25 @@ def pareto_plot(path: Path, *, plan: Plan | None = None, profile: Profile | None
             value = (alt.predicted_duration_s, alt.predicted_energy_j, alt.predicted_emissions_g)
             if key not in best or value[2] < best[key][2]:
                 best[key] = value
+        e_unit, per_j = energy_unit_for([e for _, e, _ in best.values()])
+        g_unit, per_g = emissions_unit_for([g for _, _, g in best.values()])
         for key, (t, e, g) in sorted(best.items()):
             labels.append(key)
             xs.append(t)
-            ys.append(e / 1000)
-            colours.append(g)
-        x_label, y_label, c_label = "predicted time (s)", "predicted energy (kJ)", "predicted emissions (g CO2e)"
+            ys.append(e / per_j)
+            colours.append(g / per_g)
+        x_label, y_label = "predicted time (s)", f"predicted energy ({e_unit})"
+        c_label = f"predicted emissions ({g_unit} CO2e)"
         chosen = plan.config.key()
         label_note = "planned" + (" (carbon data replayed)" if plan.replay else "")
     elif profile is not None and profile.points:
+        e_unit, per_j = energy_unit_for([1000 * p.energy_per_sample_j for p in profile.points])
         for point in profile.points:
             labels.append(point.config.key())
             xs.append(1000 / point.throughput_samples_per_s)
-            ys.append(point.energy_per_sample_j)
+            ys.append(1000 * point.energy_per_sample_j / per_j)
             colours.append(point.power_total_w)
-        x_label, y_label, c_label = "time per 1000 samples (s)", "energy per 1000 samples (kJ)", "mean power (W)"
+        x_label, y_label, c_label = "time per 1000 samples (s)", f"energy per 1000 samples ({e_unit})", "mean power (W)"
         chosen = plan.config.key() if plan is not None else ""
         label_note = f"profile, {profile.label}"
     else:

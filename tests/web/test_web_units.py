@@ -35,3 +35,26 @@ def test_carbon_page_shows_no_5_2e_17_g_units_go_through_units_py() -> None:
     assert "0.0208 mg" in cells  # the run's emissions and the plan's predicted emissions, in mg
     assert "0 g" in cells  # the saving: floating-point noise reads 0
     assert "gCO2e</th>" not in html  # the unit is in the cell, chosen per value
+
+
+def test_pareto_plot_axes_use_units_py_not_a_fixed_kj_and_g(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The run's Pareto PNG (MLflow artifact) labelled a CPU job's 0.5 J as 0.0005 kJ and 0.02 mg as 2e-05 g."""
+    from matplotlib.figure import Figure
+
+    from carbonflow.models import PlanAlternative
+    from carbonflow.tracking.plots import pareto_plot
+
+    labels: list[str] = []
+    original = Figure.savefig
+
+    def capture(fig: Figure, *args: object, **kwargs: object) -> None:
+        labels.extend(ax.get_ylabel() for ax in fig.axes)
+        original(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", capture)
+    alternatives = [PlanAlternative(config=Config(containers=c, power_limit_w=250), start=START, predicted_duration_s=3,
+                                    predicted_energy_j=0.5 * c, predicted_emissions_g=2.08e-5 * c, cost=c)
+                    for c in (1, 2)]  # fmt: skip
+    plan = _plan(2.08e-5).model_copy(update={"alternatives": alternatives})
+    pareto_plot(tmp_path / "p.png", plan=plan)
+    assert "predicted energy (J)" in labels and "predicted emissions (mg CO2e)" in labels, labels
