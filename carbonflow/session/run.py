@@ -21,6 +21,7 @@ from carbonflow.models import Config, Forecast, JobSpec, Plan, Profile, RunResul
 from carbonflow.session.clock import SessionClock
 from carbonflow.session.source import CarbonSource
 from carbonflow.session.state import GroupMember, WaitState
+from carbonflow.units import format_emissions_g, format_energy_j
 
 LAUNCH_TOLERANCE_S = 60.0
 """A start this close (clock seconds) counts as now."""
@@ -366,8 +367,8 @@ class RunSession:
         result, points = self._account(member.job, solo, wrapped, state, clock)
         for name in ("energy_gpu_j", "energy_cpu_j", "energy_total_j", "emissions_g"):
             setattr(result, name, getattr(result, name) + getattr(first, name))
-        result.notes.append(f"includes the co-located attempt it was separated from: {first.energy_total_j:.0f} J, "
-                            f"{first.emissions_g:.3g} g CO2e")  # fmt: skip
+        cost = f"{format_energy_j(first.energy_total_j)}, {format_emissions_g(first.emissions_g)} CO2e"
+        result.notes.append(f"includes the co-located attempt it was separated from: {cost}")
         return JobOutcome(plan=solo, result=result, tracking=self._log_run(member, solo, result, state, points))
 
     def _account_and_log(
@@ -467,8 +468,8 @@ def observed(member: GroupMember, now: datetime) -> GroupMember:
         ""
         if base is None
         else (
-            f": {plan.predicted_emissions_g:.3g} g CO2e predicted, against {base.predicted_emissions_g:.3g} g for "
-            "starting now at the default configuration"
+            f": {format_emissions_g(plan.predicted_emissions_g)} CO2e predicted, against "
+            f"{format_emissions_g(base.predicted_emissions_g)} for starting now at the default configuration"
         )
     )
     shadow = plan.model_copy(update={

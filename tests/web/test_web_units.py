@@ -58,3 +58,18 @@ def test_pareto_plot_axes_use_units_py_not_a_fixed_kj_and_g(tmp_path, monkeypatc
     plan = _plan(2.08e-5).model_copy(update={"alternatives": alternatives})
     pareto_plot(tmp_path / "p.png", plan=plan)
     assert "predicted energy (J)" in labels and "predicted emissions (mg CO2e)" in labels, labels
+
+
+def test_observe_only_reason_writes_emissions_through_units_py() -> None:
+    """An observe-only run's reason (the summary's and the Carbon page's "why") wrote 2.08e-05 g CO2e."""
+    from carbonflow.models import JobSpec, PlanAlternative
+    from carbonflow.session.run import observed
+    from carbonflow.session.state import GroupMember
+
+    baseline = PlanAlternative(config=Config(containers=1), start=START, predicted_duration_s=3,
+                               predicted_energy_j=0.6, predicted_emissions_g=2.5e-5, cost=1)  # fmt: skip
+    plan = _plan(2.08e-5).model_copy(update={"baseline": baseline})
+    job = JobSpec(name="tiny", workload="digits_cnn", epochs=1, region="GB", observe_only=True)
+    reason = observed(GroupMember(job=job, plan=plan), START).plan.reason
+    assert "0.0208 mg CO2e predicted, against 0.025 mg for starting now" in reason, reason
+    assert not re.search(r"\de-\d", reason), reason
