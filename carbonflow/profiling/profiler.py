@@ -75,7 +75,7 @@ def silent_job_message(spec: JobSpec, run: WrappedRun) -> str:
     if unmatched is not None:
         return (
             f"profiling {spec.name} measured nothing in its first profiling window: {unmatched}. Make the pattern "
-            "match the line the script prints once per epoch or step (docs/own-job.md, \"Progress from the "
+            'match the line the script prints once per epoch or step (docs/own-job.md, "Progress from the '
             f"script's own output\"). The training's log: {_log_path(run)}"
         )
     return (
@@ -83,7 +83,8 @@ def silent_job_message(spec: JobSpec, run: WrappedRun) -> str:
         f"(exit code {run.exit_code}). carbonflow measures throughput from progress reports: call "
         "carbonflow.training.report(step, samples) after each optimiser step, or append JSON lines "
         '{"step": N, "samples": M} to the file named by $CARBONFLOW_PROGRESS_FILE, and stop when '
-        f"carbonflow.training.should_stop() is true. The training's log: {_log_path(run)}"
+        "carbonflow.training.should_stop() is true; or, for a script that prints a line per epoch, give the job a "
+        f"progress_pattern (docs/own-job.md). The training's log: {_log_path(run)}"
     )
 
 

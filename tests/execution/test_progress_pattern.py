@@ -276,3 +276,9 @@ def test_a_job_with_a_progress_pattern_trains_alone(tmp_path):
         can_share(other, printed) or ""
     )
     assert can_share(other, other.model_copy(update={"name": "third"})) is None
+
+
+def test_a_silent_job_is_told_it_could_give_a_progress_pattern(tmp_path):
+    spec = _job(tmp_path, "print('trained without telling anyone')\n", progress_pattern=None)
+    with pytest.raises(ProfilingError, match="give the job a progress_pattern"):
+        profile_job(spec, LocalBackend(tmp_path / "runs"), [])
