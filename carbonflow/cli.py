@@ -65,7 +65,7 @@ def load_job_or_exit(path: Path, option: str):  # -> JobSpec
     if not path.is_file():
         raise _refuse_file(f"{option}: {path} is not a readable file")
     try:
-        return load_job_file(path)
+        return load_job_file(path.resolve())
     except RegistryError as err:
         raise _refuse_file(f"{option}: {path} is not a valid job: {err}") from None
 
@@ -177,8 +177,10 @@ def profile(
     from carbonflow.energy.discovery import discover_devices
     from carbonflow.execution.commands import samples_per_epoch
     from carbonflow.execution.local import LocalBackend
-    from carbonflow.profiling.profiler import profile_job
+    from carbonflow.profiling.profiler import ProfilingError, profile_job
     from carbonflow.settings import home_dir
+    from carbonflow.terminal import cli_console, print_wrapped
+    from carbonflow.units import format_energy_j
 
     spec = load_job_or_exit(job, "JOB")
     workdir = workdir or home_dir() / "runs" / "cli"
@@ -190,15 +192,20 @@ def profile(
         def advance(key: str, done: int, planned: int) -> None:
             progress.update(task, completed=done, total=max(planned, done), description=f"profiled {key}")
 
-        result = profile_job(
-            spec, LocalBackend(workdir / spec.name), devices, samples_per_epoch=samples_per_epoch(spec),
-            step_w=step_w, on_progress=advance,
-        )  # fmt: skip
+        try:
+            result = profile_job(
+                spec, LocalBackend(workdir / spec.name), devices, samples_per_epoch=samples_per_epoch(spec),
+                step_w=step_w, on_progress=advance,
+            )  # fmt: skip
+        except ProfilingError as err:  # the training failed: its message says why and where its log is
+            progress.stop()
+            print_wrapped(cli_console(stderr=True), f"error: {err}", rest="  ")
+            raise typer.Exit(1) from None
     out.write_text(result.model_dump_json(indent=2), encoding="utf-8")
     for point in result.points:
         typer.echo(
             f"{point.config.key():>16}: {point.throughput_samples_per_s:9.1f} samples/s  "
-            f"{point.energy_per_sample_j:.4f} J/sample ({point.label})"
+            f"{format_energy_j(point.energy_per_sample_j)}/sample ({point.label})"
         )
     typer.echo(f"profile written to {out}")
 

@@ -115,3 +115,37 @@ def test_there_is_no_version_option_version_prints_the_package_version() -> None
     assert done.exit_code == 0, done.output
     assert done.output.strip() == f"carbonflow {version('carbonflow')}"
     assert package_version() == version("carbonflow")
+
+
+def test_profile_of_a_training_that_fails_says_why_without_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import carbonflow.profiling.profiler as profiler
+
+    def failing(spec, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise profiler.ProfilingError("profiling first-hour: the training failed (exit code 1); its log: /x/log")
+
+    monkeypatch.setattr(profiler, "profile_job", failing)
+    (tmp_path / "job.yaml").write_text(GOOD_YAML)
+    done = _invoke(["profile", str(tmp_path / "job.yaml"), "--workdir", str(tmp_path / "runs")])
+    assert done.exit_code == 1, done.output
+    assert "Traceback" not in done.output and "error: profiling first-hour: the training failed" in done.output
+
+
+def test_profile_reads_a_relative_job_file_with_a_relative_working_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``carbonflow profile job.yaml`` from the job's folder: its ``working_dir: .`` is that folder, not ``.``."""
+    import carbonflow.profiling.profiler as profiler
+
+    seen: list[str | None] = []
+
+    def fake_profile_job(spec, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(spec.working_dir)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(profiler, "profile_job", fake_profile_job)
+    monkeypatch.chdir(tmp_path)
+    Path("job.yaml").write_text(GOOD_YAML + "command: [python, train.py]\nworking_dir: .\nsteps: 10\n")
+    _invoke(["profile", "job.yaml", "--workdir", str(tmp_path / "runs")])
+    assert seen == [str(tmp_path)]
