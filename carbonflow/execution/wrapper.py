@@ -451,6 +451,8 @@ def _run_on(
                     _stop_child(child)
                     exit_code = child.returncode if child.returncode is not None else -signal.SIGTERM
                 notes.extend(_left_behind_note(child))
+                if lines is not None:  # the pipes end with the training: its last printed lines are reports too
+                    lines.join()
                 if child is not None:  # the training's last reports are the simulated GPU's work too
                     progress.poll()
                     fed = _feed_work(gpus, progress.samples, fed)
@@ -469,7 +471,6 @@ def _run_on(
             signal.signal(sig, handler)
     ended_at = utcnow()
     if lines is not None:
-        lines.join()
         notes.extend(lines.notes())
     progress.poll()
     if exit_code < 0:
