@@ -62,3 +62,18 @@ def test_a_short_window_reaches_back_to_the_phases_first_report_before_it_gives_
     [point] = profile.points
     assert point.duration_s >= 1.0
     assert not any(note.startswith(WINDOW_TOO_SHORT) for note in profile.notes)
+
+
+def test_a_later_limit_whose_reports_are_too_short_is_left_out_with_the_named_note(tmp_path):
+    """Mid-sweep, a second limit is never measured over the whole run (that mixes limits): it is left out, said."""
+    from carbonflow.execution.wrapper import _close_at_exit, _Progress, _Sweep
+
+    sweep = _Sweep([250.0, 200.0], warmup_steps=1, profile_steps=5, slowest_fraction=None, min_window_s=2.0)
+    sweep.index, sweep.phase_start_step = 1, 40
+    progress = _Progress(tmp_path / "progress.jsonl")
+    progress.reports = [(step, 10.0 + 0.01 * step, 8 * step) for step in range(1, 46)]
+    progress.step, progress.samples, progress.last = 45, 360, (10.45, 360)
+    notes: list[str] = []
+    _close_at_exit(sweep, progress, monitor=None, notes=notes)  # type: ignore[arg-type]
+    assert sweep.windows == []
+    assert any(note.startswith(WINDOW_TOO_SHORT) and "left out" in note for note in notes), notes
