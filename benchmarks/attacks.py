@@ -359,27 +359,37 @@ def training_reads_secrets(rng: random.Random, root: Path) -> Attempt:
 FORGED_ACCURACY = 0.999
 
 
+STEAL_KEY = """
+import glob, hashlib, hmac
+
+
+def signed_with_a_stolen_key(forged):
+    \"\"\"The forged result signed with any run key this process can read in another process's environment.\"\"\"
+    for path in glob.glob('/proc/[0-9]*/environ'):
+        try:
+            env = open(path, 'rb').read().decode(errors='replace').split(chr(0))
+        except OSError:
+            continue
+        for item in env:
+            if item.startswith('CARBONFLOW_RESULT_KEY='):
+                mac = hmac.new(item.split('=', 1)[1].encode(), forged.encode(), hashlib.sha256).hexdigest()
+                return 'hmac-sha256=' + mac + ' ' + forged
+    return forged
+"""
+"""What a training that wants to forge a signed result runs first: look for the wrapper's key in /proc."""
+
+
 def _forge_code(result_hint: Path, how: str) -> str:
     forged = {"job": "atk-t", "config_key": "c1-pl200", "started_at": "2026-01-01T00:00:00Z",
               "ended_at": "2026-01-01T00:00:01Z", "duration_s": 1.0, "exit_code": 0, "devices": [],
               "metrics": {"accuracy": FORGED_ACCURACY, "test_accuracy": FORGED_ACCURACY}}  # fmt: skip
-    return textwrap.dedent(f"""
+    return STEAL_KEY + textwrap.dedent(f"""
         import json, os, signal, time
         open({str(result_hint.parent.parent.parent / "seen" / "started")!r}, 'w').close()
         forged = {json.dumps(forged)!r}
         print('CARBONFLOW_RESULT ' + forged, flush=True)
         if {how!r} == 'steal-key':
-            import glob, hashlib, hmac
-            for path in glob.glob('/proc/[0-9]*/environ'):
-                try:
-                    env = open(path, 'rb').read().decode(errors='replace').split(chr(0))
-                except OSError:
-                    continue
-                for item in env:
-                    if item.startswith('CARBONFLOW_RESULT_KEY='):
-                        key = item.split('=', 1)[1].encode()
-                        mac = hmac.new(key, forged.encode(), hashlib.sha256).hexdigest()
-                        forged = 'hmac-sha256=' + mac + ' ' + forged
+            forged = signed_with_a_stolen_key(forged)
         if {how!r} in ('write-result', 'kill-wrapper', 'steal-key'):
             try:
                 open({str(result_hint)!r}, 'w').write(forged)
@@ -434,23 +444,17 @@ def training_forges_its_result(rng: random.Random, root: Path) -> Attempt:
     return Attempt(forged, f"{how} ({as_user}): accuracy {run.metrics.get('accuracy')}, {run.duration_s:.2f} s")
 
 
-K8S_FORGER = """
-import glob, hashlib, hmac, os, sys, time
-forged = open(sys.argv[1]).read().strip()
-for path in glob.glob('/proc/[0-9]*/environ'):
-    try:
-        env = open(path, 'rb').read().decode(errors='replace').split(chr(0))
-    except OSError:
-        continue
-    for item in env:
-        if item.startswith('CARBONFLOW_RESULT_KEY='):
-            mac = hmac.new(item.split('=', 1)[1].encode(), forged.encode(), hashlib.sha256).hexdigest()
-            forged = 'hmac-sha256=' + mac + ' ' + forged
+K8S_FORGER = (
+    STEAL_KEY
+    + """
+import os, sys, time
+forged = signed_with_a_stolen_key(open(sys.argv[1]).read().strip())
 print('CARBONFLOW_RESULT ' + forged, flush=True)
 open(sys.argv[2], 'w').write('forged')
 while True:
     time.sleep(0.2)
 """
+)
 
 
 def training_forges_its_result_on_kubernetes(rng: random.Random, root: Path) -> Attempt:
