@@ -38,10 +38,9 @@ from pathlib import Path
 from carbonflow.energy.device import Device
 from carbonflow.energy.monitor import Measurement
 from carbonflow.models import DeviceEnergy, ForecastPoint
+from carbonflow.units import J_PER_KWH
 
 logger = logging.getLogger(__name__)
-
-J_PER_KWH = 3.6e6
 
 
 def device_energies(

@@ -11,6 +11,7 @@ from pathlib import Path
 from carbonflow.energy.accounting import emissions_g
 from carbonflow.execution.wrapper import WrappedRun
 from carbonflow.models import ForecastPoint, Plan, RunResult
+from carbonflow.units import J_PER_KWH
 
 log = logging.getLogger(__name__)
 
@@ -77,11 +78,11 @@ def to_run_result(
     energy_gpu_j = sum(d.energy_j for d in run.devices if d.kind == "gpu")
     energy_cpu_j = sum(d.energy_j for d in run.devices if d.kind == "cpu")
     energy_total_j = energy_gpu_j + energy_cpu_j
-    mean_intensity = emissions / (energy_total_j / 3.6e6) if energy_total_j > 0 else 0.0
+    mean_intensity = emissions / (energy_total_j / J_PER_KWH) if energy_total_j > 0 else 0.0
     notes = list(run.notes)
     run_now_g = saving_g = saving_fraction = None
     if baseline_energy_ratio is not None and baseline_intensity_gco2_per_kwh is not None:
-        run_now_g = energy_total_j * baseline_energy_ratio / 3.6e6 * baseline_intensity_gco2_per_kwh
+        run_now_g = energy_total_j * baseline_energy_ratio / J_PER_KWH * baseline_intensity_gco2_per_kwh
         saving_g = run_now_g - emissions
         from carbonflow.planning.saving import saving_fraction as one_saving_fraction  # lazy: the planner is heavy
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from carbonflow.models import Forecast, Plan
 from carbonflow.tracking import schema
+from carbonflow.units import J_PER_KWH
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class RunRow:
 
     @property
     def energy_total_kwh(self) -> float | None:
-        return None if self.energy_total_j is None else self.energy_total_j / 3.6e6
+        return None if self.energy_total_j is None else self.energy_total_j / J_PER_KWH
 
     def to_json(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
