@@ -21,6 +21,7 @@ worker that started it (it is waited on there), a Kubernetes pod is not (its tas
 
 from __future__ import annotations
 
+import importlib
 import time
 from datetime import datetime
 from pathlib import Path
@@ -147,22 +148,36 @@ def handle_age_s(handle: RunHandle, now: datetime | None = None) -> float:
     return ((now or utcnow()) - handle.started_at).total_seconds()
 
 
-BACKENDS = ("local", "kubernetes")
+BACKEND_CLASSES: dict[str, str] = {
+    "local": "carbonflow.execution.local:LocalBackend",
+    "kubernetes": "carbonflow.execution.kubernetes:KubernetesBackend",
+}
+"""Every backend by name, as ``module:Class``, imported only when asked for: the implementations import this
+contract, so the contract names them instead of importing them (no import circle)."""
+BACKENDS = tuple(BACKEND_CLASSES)
+_KUBERNETES_SETTINGS = "carbonflow.execution.k8s_manifests:KubernetesSettings"
+
+
+def _load(path: str) -> Any:
+    """The object ``module:name`` names, its module imported now."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def backend_class(name: str) -> type:
+    """The class of the backend called ``name`` (see :data:`BACKEND_CLASSES`)."""
+    if name not in BACKEND_CLASSES:
+        raise ValueError(f"backend={name!r} is not allowed; use one of {', '.join(BACKENDS)}")
+    return _load(BACKEND_CLASSES[name])
 
 
 def make_backend(name: str, workdir: Path, kubernetes: dict[str, Any] | None = None) -> Backend:
     """The execution backend called ``name``: ``local`` processes or ``kubernetes`` pods/jobs."""
-    if name == "local":
-        from carbonflow.execution.local import LocalBackend
-
-        return LocalBackend(workdir)
-    if name == "kubernetes":
-        from carbonflow.execution.k8s_manifests import KubernetesSettings
-        from carbonflow.execution.kubernetes import KubernetesBackend
-
-        if not kubernetes:
-            return KubernetesBackend.from_env()  # $CARBONFLOW_K8S_SETTINGS, in-cluster or kubeconfig
-        options = dict(kubernetes)
-        connection = {k: options.pop(k) for k in ("config_file", "context", "in_cluster") if k in options}
-        return KubernetesBackend(KubernetesSettings.model_validate(options), **connection)
-    raise ValueError(f"backend={name!r} is not allowed; use one of {', '.join(BACKENDS)}")
+    cls = backend_class(name)
+    if name != "kubernetes":
+        return cls(workdir)
+    if not kubernetes:
+        return cls.from_env()  # $CARBONFLOW_K8S_SETTINGS, in-cluster or kubeconfig
+    options = dict(kubernetes)
+    connection = {k: options.pop(k) for k in ("config_file", "context", "in_cluster") if k in options}
+    return cls(_load(_KUBERNETES_SETTINGS).model_validate(options), **connection)

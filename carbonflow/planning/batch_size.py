@@ -46,15 +46,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from carbonflow.models import Config, JobSpec, Profile, ProfilePoint
+from carbonflow.planning.candidate import Candidate
 from carbonflow.planning.learning import JobHistory, RealisedRun
-
-if TYPE_CHECKING:
-    from carbonflow.planning.optimizer import Candidate
 
 DEADLINE_EPOCH_MARGIN = 1.5
 """Latest start of a job trained to a target, with ``DEADLINE_MIN_RUNS`` runs seen at its batch size: for this ×

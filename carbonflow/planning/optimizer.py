@@ -90,6 +90,7 @@ from carbonflow.planning.batch_size import (
     expected_epochs,
     point_power_w,
 )
+from carbonflow.planning.candidate import Candidate
 from carbonflow.planning.costs import (
     Reference,
     pareto_front,
@@ -104,29 +105,6 @@ _EPS = 1e-9
 
 class DeadlineError(ValueError):
     """finish_by cannot be met even by the fastest configuration starting now."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One configuration's predicted run (before a start time is chosen)."""
-
-    point: ProfilePoint
-    duration_s: float
-    energy_j: float
-    slowdown: float
-    within_slowdown: bool
-    fixed_s: float = 0.0
-    """The per-run fixed part of ``duration_s`` (start-up, data loading, evaluation), learned from past runs."""
-    fixed_j: float = 0.0
-    """The per-run fixed part of ``energy_j``, learned alike."""
-
-    @property
-    def config(self) -> Config:
-        return self.point.config
-
-    @property
-    def power_w(self) -> float:
-        return self.energy_j / self.duration_s if self.duration_s > 0 else 0.0
 
 
 def _utc(name: str, value: datetime) -> datetime:
