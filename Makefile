@@ -7,7 +7,7 @@ EXTRAS ?= train,test,docs,hf,lightning
 comma := ,
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt 2>/dev/null | sha1sum | cut -c1-12)-$(subst $(comma),_,$(EXTRAS))
 
-.PHONY: install system-deps demo test docs e2e e2e-distributed bench device-wheels lint serve stop clean constraints
+.PHONY: install system-deps demo test test-fast docs e2e e2e-distributed bench device-wheels lint serve stop clean constraints
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ system-deps:  ## system packages the tests need (apt, when root) and the local P
 
 test: install system-deps docs  ## everything CI runs: system packages, the docs build, the whole test suite
 	@$(BIN)/python -m pytest
+
+test-fast: install  ## the development loop: every test but the slow, browser and distributed ones (no PostgreSQL, no apt)
+	@$(BIN)/python -m pytest -m "not slow and not postgres"
 
 docs: install  ## the documentation site (MkDocs Material, API reference from docstrings) into site/, strict
 	@NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site

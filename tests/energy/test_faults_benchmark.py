@@ -152,6 +152,7 @@ def test_a_restore_pod_that_does_nothing_is_counted(tmp_path, monkeypatch):
     assert outcome.power_limits_left_lowered == 1
 
 
+@pytest.mark.slow  # real Airflow clears and reruns a DAG run (benchmarks/faults_cleared_dag.py)
 def test_a_cleared_dag_run_that_reuses_the_old_run_is_counted_lost(tmp_path, monkeypatch):
     """Airflow really clears the DAG run and runs it again; with the run's key blind to the clear number, the
     cleared run finds the old run and trains nothing: its own run is lost."""

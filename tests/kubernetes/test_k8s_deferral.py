@@ -278,6 +278,7 @@ def _dag_test(
     return states, observed, api
 
 
+@pytest.mark.slow  # a real Airflow DAG run (dag.test())
 def test_training_task_is_deferred_while_pod_runs(tmp_path, airflow_db, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Finding: on Kubernetes the training task held its worker slot for the whole training. Through Airflow's
     own ``dag.test()``: the training task returns ``deferred`` (so recorded in the metadata DB) while its pod
@@ -301,6 +302,7 @@ def test_training_task_is_deferred_while_pod_runs(tmp_path, airflow_db, monkeypa
     assert not api.live("Pod") and not api.live("ConfigMap")
 
 
+@pytest.mark.slow  # a real Airflow DAG run (dag.test())
 def test_through_dag_test_a_failed_pod_fails_the_training_task_with_its_exit_reason(
     tmp_path, airflow_db, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]

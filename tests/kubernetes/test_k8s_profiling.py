@@ -59,6 +59,7 @@ with DAG(os.environ["E2E_DAG_ID"], schedule=None, start_date=datetime(2026, 1, 1
 """
 
 
+@pytest.mark.slow  # a real Airflow DAG run (dag.test())
 def test_energy_profile_operator_on_kubernetes_sweeps_every_limit_in_the_pod(tmp_path, airflow_db, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from airflow.dag_processing.bundles.manager import DagBundlesManager
     from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db

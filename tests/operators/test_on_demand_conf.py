@@ -58,6 +58,7 @@ def on_demand(dag_bag):
     return dag_bag.get_dag("retrain_on_demand")
 
 
+@pytest.mark.slow  # real Airflow DAG runs (dag.test())
 def test_a_trigger_cannot_set_a_command(dag_bag, tmp_path):
     """Through Airflow for real (``dag.test``): a command that would touch a marker file, given as ``command`` and
     as a whole ``job_spec``, fails ``validate`` by name; the marker is never created, no task after it runs."""
