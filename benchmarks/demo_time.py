@@ -37,6 +37,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from carbonflow.execution.signing import SIGNATURE_TAG
+
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_S = 180.0
 TARGET_ERROR = 0.15
@@ -128,7 +130,8 @@ def pair_profiles(home: Path, seen: set[Path]) -> list[dict[str, Any]]:
     out = []
     for run in sorted(d for d in (home / "runs").glob("*") if d not in seen):
         for path in sorted(run.glob("pairs/*/result.json")):
-            result = json.loads(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")  # signed by the run's wrapper: "hmac-sha256=<hex> <json>"
+            result = json.loads(text.split(" ", 1)[1] if text.startswith(SIGNATURE_TAG) else text)
             out.append(
                 {
                     "kept_speeds": result.get("kept_speeds"),
