@@ -1,6 +1,6 @@
 """Does the simulated GPU's energy follow the host's load? The same job, idle and with every core busy.
 
-    python benchmarks/simulated_load.py [--steps 1500] [--burners 2]
+    python benchmarks/simulated_load.py [--steps 400] [--burners 2]
 
 Runs one small command job (a CPU-bound training loop that reports its progress) through the real
 ``carbonflow run`` wrapper on a simulated V100, twice at the same configuration: once on an otherwise idle
@@ -74,7 +74,7 @@ def run_job(workdir: Path, steps: int, batch_size: int = 32, power_limit_w: floa
     return {"gpu_energy_j": _gpu_energy_j(run), "duration_s": run.duration_s, "samples": run.samples}
 
 
-def simulated_energy_load_sensitivity(steps: int = 1500, burners: int = 2) -> dict[str, Any]:
+def simulated_energy_load_sensitivity(steps: int = 400, burners: int = 2) -> dict[str, Any]:
     """The same job and configuration idle, then next to ``burners`` busy loops: the relative difference in
     simulated GPU energy (``simulated_energy_load_sensitivity``) and what each run measured."""
     with tempfile.TemporaryDirectory(prefix="carbonflow-load-") as tmp:
@@ -113,7 +113,7 @@ def _isolated_state() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=1500, help="training steps of the job")
+    parser.add_argument("--steps", type=int, default=400, help="training steps of the job")
     parser.add_argument("--burners", type=int, default=2, help="busy-loop processes next to the loaded run")
     args = parser.parse_args(argv)
     _isolated_state()

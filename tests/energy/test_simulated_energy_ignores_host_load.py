@@ -67,9 +67,8 @@ def test_the_wrapper_feeds_the_samples_and_never_marks_a_work_fed_gpu_busy():
 
 
 def test_simulated_energy_load_sensitivity_with_both_cores_busy():
-    """The benchmark in a reduced form: the same small job idle, then next to busy-loop processes (two per core of
-    a 2-core machine, so the load shows even where other processes already keep the cores busy)."""
-    result = _load_benchmark().simulated_energy_load_sensitivity(steps=300, burners=4)
+    """The benchmark in a reduced form: the same small job idle, then next to two busy-loop processes."""
+    result = _load_benchmark().simulated_energy_load_sensitivity(steps=150, burners=2)
     assert result["busy"]["samples"] == result["idle"]["samples"] > 0
-    assert result["busy_over_idle_duration"] > 1.0  # the load was real: the training itself took longer
+    assert result["busy_over_idle_duration"] > 1.05  # the load was real: the training itself took longer
     assert result["simulated_energy_load_sensitivity"] <= 0.02, result
