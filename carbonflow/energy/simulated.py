@@ -315,7 +315,6 @@ class SimulatedGpu(_ClockedGpu):
         self.spec = spec
         self.index = index
         self._busy = busy
-        self._fed = False  # fed samples since it was last marked idle: training, its energy counted per sample
         key = f"{spec.gpu_model}:{self.power_model.workload_key}:{index}"
         self.id = f"SIM-GPU-{uuid.uuid5(_SIM_NAMESPACE, key)}"
         self.model = f"{GPU_NAMES[spec.gpu_model]} (simulated)"
@@ -331,16 +330,10 @@ class SimulatedGpu(_ClockedGpu):
         return self.power_model.average_power_w(self._limit_w) if self._busy else 0.0
 
     def set_busy(self, busy: bool) -> None:
-        """Mark the simulated GPU as training (accrues energy with its clock) or idle (accrues none)."""
+        """Mark the simulated GPU as training (accrues energy) or idle (accrues none)."""
         with self._lock:
             self._advance()
             self._busy = busy
-            self._fed = self._fed and busy
-
-    def power_w(self) -> float:
-        """The trace's average power at the current limit while training (busy, or fed samples), else 0."""
-        with self._lock:
-            return self.power_model.average_power_w(self._limit_w) if self._busy or self._fed else 0.0
 
     def add_samples(self, samples: float) -> None:
         """Accrue the energy of ``samples`` trained at the current limit (the work done, not the time it took)."""
@@ -349,7 +342,6 @@ class SimulatedGpu(_ClockedGpu):
         with self._lock:
             self._advance()
             self._energy_j += samples * self.power_model.energy_per_sample_j(self._limit_w)
-            self._fed = self._fed or samples > 0
 
     @property
     def busy(self) -> bool:
