@@ -15,9 +15,7 @@ runs. Writes benchmarks/results/demo_time.json with
   the host's CPUs allowed, labelled apart) and whether the pair shared a GPU that night (MLflow's
   ``colocated_jobs``); ``pair_shared_a_gpu`` — true when it did on both nights;
 * how loaded the machine was (load averages before and after, the share of its CPU time other processes used,
-  niced or not);
-* ``simulated_energy_load_sensitivity`` — the simulated GPU's energy for the same job and configuration, idle vs
-  with both cores busy (benchmarks/simulated_load.py; target ≤ 0.02), and that run's figures (``simulated_load``).
+  niced or not).
 
 Run it with the machine otherwise idle: the trainings are real, so other processes' CPU use changes how long
 they take from one night to the next, and the second night is predicted from the first. ``--keep DIR`` keeps
@@ -201,14 +199,6 @@ def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def load_sensitivity() -> dict[str, Any]:
-    """benchmarks/simulated_load.py in its own process: the simulated GPU's energy for the same job and
-    configuration, idle vs with both cores busy (``simulated_energy_load_sensitivity``, target ≤ 0.02)."""
-    script = Path(__file__).resolve().parent / "simulated_load.py"
-    subprocess.run([sys.executable, str(script)], check=True, capture_output=True, timeout=600)
-    return json.loads((RESULTS / "simulated_load.json").read_text(encoding="utf-8"))
-
-
 def main() -> None:
     import argparse
 
@@ -243,7 +233,6 @@ def main() -> None:
         }
 
     energy_max, duration_max = f2["energy_prediction_error_max"], f2["duration_prediction_error_max"]
-    load = load_sensitivity()
     result = {
         "benchmark": "demo_time",
         "label": "the real `carbonflow demo`, two nights in a fresh home, on this machine (simulated V100, estimated "
@@ -264,8 +253,6 @@ def main() -> None:
         "(host-CPU contention, reported apart and never used as the GPU's kept speeds)",
         "night2_energy_prediction_error_max": _round(energy_max),
         "night2_duration_prediction_error_max": _round(duration_max),
-        "simulated_energy_load_sensitivity": load["simulated_energy_load_sensitivity"],
-        "simulated_load": {k: v for k, v in load.items() if k != "simulated_energy_load_sensitivity"},
         "first_night_runs": night_json(f1),
         "second_night_runs": night_json(f2),
         "target_s": TARGET_S,

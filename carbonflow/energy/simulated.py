@@ -5,12 +5,9 @@
 holds the measured average power (W) and time per epoch (s) at each power limit, and linearly
 interpolates between measured limits. At a measured limit it returns the trace's numbers exactly.
 
-``SimulatedGpu`` implements :class:`~carbonflow.energy.device.Device` on top of it. Fed the samples the
-training reports (:meth:`SimulatedGpu.add_samples`, what the ``carbonflow run`` wrapper does), its energy
-counter advances by the trace's energy per sample at the current limit (average power × time per epoch ÷
-the Zeus dataset's training samples): the same work at the same configuration costs the same energy however
-busy the host is. Without samples fed (``busy``), it advances with its clock at ``average_power_w(current
-limit)``. ``slowdown_factor()`` says how much slower the workload runs at the current limit than at the
+``SimulatedGpu`` implements :class:`~carbonflow.energy.device.Device` on top of it: its energy
+counter advances with the clock at ``average_power_w(current limit)`` while it is busy, and
+``slowdown_factor()`` says how much slower the workload runs at the current limit than at the
 maximum limit. The training code itself runs for real on the CPU; the wrapper hands the factor to
 the child in ``CARBONFLOW_SIM_SLOWDOWN`` and the training hook sleeps ``(factor - 1)`` × each
 step's time, so the emulated GPU is honestly slower at lower limits.
@@ -44,17 +41,6 @@ GPU_NAMES = {
     "P100": "Tesla P100",
 }
 _SIM_NAMESPACE = uuid.UUID("6f1c2a52-5d0e-4d8a-9a43-2b7f0c1e9d10")
-
-DATASET_TRAIN_SAMPLES = {
-    "cifar100": 50_000,  # CIFAR-100 training images
-    "imagenet": 1_281_167,  # ILSVRC-2012 training images
-    "squad": 87_599,  # SQuAD v1.1 training questions
-    "librispeech": 281_241,  # LibriSpeech train-960 utterances
-    "movielens-1m": 1_000_209,  # MovieLens-1M ratings
-    "sentiment140": 1_600_000,  # Sentiment140 training tweets
-}
-"""Samples one epoch of each Zeus dataset holds (the datasets' published training-set sizes; the traces give time
-per epoch only): what turns the trace's energy per epoch into the simulated GPU's energy per sample."""
 
 
 @dataclass(frozen=True)
@@ -219,19 +205,6 @@ class ZeusPowerModel:
     def energy_per_epoch_j(self, limit_w: float) -> float:
         return self.average_power_w(limit_w) * self.time_per_epoch_s(limit_w)
 
-    @property
-    def samples_per_epoch(self) -> int:
-        """Training samples of one epoch of the Zeus workload's dataset (:data:`DATASET_TRAIN_SAMPLES`)."""
-        if self.dataset not in DATASET_TRAIN_SAMPLES:
-            raise ValueError(
-                f"dataset={self.dataset!r} has no known training-set size; allowed: {', '.join(DATASET_TRAIN_SAMPLES)}"
-            )
-        return DATASET_TRAIN_SAMPLES[self.dataset]
-
-    def energy_per_sample_j(self, limit_w: float) -> float:
-        """GPU energy of one training sample at ``limit_w`` (J): energy per epoch ÷ samples per epoch."""
-        return self.energy_per_epoch_j(limit_w) / self.samples_per_epoch
-
     def slowdown(self, limit_w: float) -> float:
         """time_per_epoch(limit) / time_per_epoch(max limit); 1.0 at the maximum limit."""
         return self.time_per_epoch_s(limit_w) / self.time_per_epoch_s(self.max_power_w)
@@ -296,11 +269,9 @@ class _ClockedGpu(Device):
 class SimulatedGpu(_ClockedGpu):
     """A GPU whose power and speed per limit replay Zeus's measurements. Labelled ``simulated``.
 
-    Its power limit lives in the process that owns it (the ``carbonflow run`` wrapper), which feeds it the
-    samples the training reports (:meth:`add_samples`): each costs the trace's energy per sample at the
-    current limit, so its energy depends on the work and the configuration only, never on the host's load.
-    Marked busy instead (:meth:`set_busy`), the counter advances with the clock at the trace's average power.
-    Idle draw is not in the Zeus data, so an idle simulated GPU accrues nothing (said in notes).
+    Its power limit lives in the process that owns it (the ``carbonflow run`` wrapper).
+    While busy, the energy counter advances at the trace's average power for the current limit;
+    idle draw is not in the Zeus data, so an idle simulated GPU accrues nothing (said in notes).
     """
 
     def __init__(
@@ -320,9 +291,7 @@ class SimulatedGpu(_ClockedGpu):
         self.model = f"{GPU_NAMES[spec.gpu_model]} (simulated)"
         self.notes = [
             f"simulated from Zeus NSDI'23 measurements: {spec.gpu_model} {self.power_model.workload_key}",
-            "energy per sample trained at the current limit (trace energy per epoch / "
-            f"{self.power_model.samples_per_epoch} samples of {spec.dataset}): host load changes nothing; "
-            "idle power is not in the Zeus data: an idle GPU accrues nothing",
+            "idle power is not in the Zeus data: energy accrues only while busy",
             *self.power_model.notes,
         ]
 
@@ -334,14 +303,6 @@ class SimulatedGpu(_ClockedGpu):
         with self._lock:
             self._advance()
             self._busy = busy
-
-    def add_samples(self, samples: float) -> None:
-        """Accrue the energy of ``samples`` trained at the current limit (the work done, not the time it took)."""
-        if not samples >= 0:
-            raise EnergyError(f"samples={samples} is not allowed; the samples trained are a number >= 0")
-        with self._lock:
-            self._advance()
-            self._energy_j += samples * self.power_model.energy_per_sample_j(self._limit_w)
 
     @property
     def busy(self) -> bool:
