@@ -273,23 +273,12 @@ def _working_dir(spec: JobSpec) -> str | None:
 
 
 def _set_busy(gpus: list[Any], busy: bool) -> bool:
-    """Mark simulated GPUs busy or idle (real GPUs measure themselves); returns ``busy``. A GPU fed work
-    (:func:`_feed_work`) is never marked busy: its energy follows the samples, not the host's clock."""
+    """Mark simulated GPUs busy or idle (real GPUs measure themselves); returns ``busy``."""
     for gpu in gpus:
         set_busy = getattr(gpu, "set_busy", None)
-        if callable(set_busy) and not (busy and callable(getattr(gpu, "add_samples", None))):
+        if callable(set_busy):
             set_busy(busy)
     return busy
-
-
-def _feed_work(gpus: list[Any], samples: int, fed: int) -> int:
-    """Hand a simulated GPU the samples trained since ``fed`` (shared alike by the run's GPUs), so its energy
-    is the work's at the current limit whatever the host's load; returns the samples fed so far."""
-    takers = [g for g in gpus if callable(getattr(g, "add_samples", None))]
-    if takers and samples > fed:
-        for gpu in takers:
-            gpu.add_samples((samples - fed) / len(takers))
-    return max(samples, fed)
 
 
 def _apply_limit(gpus: list[Any], limit_w: float | None, slowdown_file: Path | None, notes: list[str]) -> None:
@@ -415,7 +404,6 @@ def _run_on(
                 if lines is not None:
                     lines.start(list(zip((child.stdout, child.stderr), own_streams(), strict=True)))
                 busy = False
-                fed = 0
                 while True:
                     if received:
                         notes.append(f"wrapper received {signal.Signals(received[0]).name}: training stopped")
@@ -424,7 +412,6 @@ def _run_on(
                         break
                     code = child.poll()
                     progress.poll()
-                    fed = _feed_work(gpus, progress.samples, fed)
                     if not busy and progress.step > 0:
                         # A simulated GPU works from the first training step (the Zeus data has no
                         # idle power, so the process start-up before it accrues no GPU energy).
@@ -455,7 +442,6 @@ def _run_on(
                     lines.join()
                 if child is not None:  # the training's last reports are the simulated GPU's work too
                     progress.poll()
-                    fed = _feed_work(gpus, progress.samples, fed)
                 if sweep is not None and not sweep.done and (sweep.open_at is not None or not sweep.windows):
                     _close_at_exit(sweep, progress, monitor, notes)
                 total = monitor.end_window("run")
