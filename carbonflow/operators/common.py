@@ -14,6 +14,7 @@ from carbonflow.settings import home_dir
 
 log = logging.getLogger(__name__)
 
+
 def home() -> Path:
     """carbonflow's state directory (:func:`carbonflow.settings.home_dir`), created."""
     path = home_dir()
