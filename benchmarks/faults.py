@@ -717,9 +717,8 @@ def _run_by_hand(node: object, assignments: str) -> None:
 
 MOVE_JOURNAL = """
 import glob, os, sys, time
-attack = sys.argv[1]
-journal_dir = os.environ["CARBONFLOW_POWER_JOURNAL_DIR"]
-for path in glob.glob(os.path.join(journal_dir, "*.json")):
+attack, journal_root = sys.argv[1], sys.argv[2]  # the pod's journal mount, as /proc/mounts shows it in a pod
+for path in glob.glob(os.path.join(journal_root, "**", "*.json"), recursive=True):
     try:
         if attack == "rename":
             os.rename(path, path + ".moved")
@@ -728,7 +727,7 @@ for path in glob.glob(os.path.join(journal_dir, "*.json")):
         elif attack == "overwrite":
             open(path, "w").write('{"format_version": 2, "gpu_uuid": "GPU-elsewhere", "previous_w": 100}')
         elif attack == "move_dir":
-            os.rename(journal_dir, journal_dir + ".moved")
+            os.rename(os.path.dirname(path), os.path.dirname(path) + ".moved")
     except OSError:
         pass
 while True:
@@ -754,7 +753,7 @@ def k8s_restore_pod_with_a_moved_journal(rng: random.Random, root: Path, attack:
         script.write_text(MOVE_JOURNAL)
         script.chmod(0o644)
         handle, _ = _pod_lowered_then_killed(rng, node, api, backend, host_gpu, _limit(rng),
-                                             ["python", str(script), attack])  # fmt: skip
+                                             ["python", str(script), attack, str(node.journal_dir)])  # fmt: skip
         with contextlib.suppress(Exception):
             backend.collect(handle)
         return FaultOutcome(power_limits_left_lowered=node.node.lowered(), variant=attack)
