@@ -69,6 +69,45 @@ def _try_lock(path: Path) -> int | None:
     return fd
 
 
+def _try_group_lock(directory: Path, gpu_uuid: str, group: str) -> int | None:
+    """An fd holding a *shared* flock on the GPU's lease for co-location ``group``, or None when it is leased to a
+    run alone or to another group.
+
+    The members of one planned pair (on Kubernetes, two pods on one time-sliced GPU) share the GPU's lease; a
+    run alone (an exclusive lease) and the members of another pair wait. Under ``<uuid>.gate`` a member either
+    finds the lease free — takes it, records its group in ``<uuid>.group``, keeps it shared — or finds it held
+    by its own group and joins. The record is written only by the member that found the lease free, so it
+    names the holders for as long as any holds it; the kernel frees the lease with its last holder, as always.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    gate = _open_lock_file(directory / f"{safe_name(gpu_uuid)}.gate")
+    try:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fd = _open_lock_file(_lock_path(directory, gpu_uuid))
+        record = directory / f"{safe_name(gpu_uuid)}.group"
+        if _flock_nb(fd, fcntl.LOCK_EX):  # free: the group's, from now on
+            record.write_text(group, encoding="utf-8")
+        elif not (record.is_file() and record.read_text(encoding="utf-8") == group):
+            os.close(fd)
+            return None
+        if _flock_nb(fd, fcntl.LOCK_SH):  # a run alone may take the lease between the two: then wait
+            return fd
+        os.close(fd)
+        return None
+    finally:
+        os.close(gate)
+
+
+def _flock_nb(fd: int, operation: int) -> bool:
+    try:
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    return True
+
+
 def _open_lock_file(path: Path) -> int:
     """The lock file, read-write when ours, read-only when another user's (never through a symlink)."""
     try:
@@ -116,10 +155,12 @@ class GpuLeaseSet:
         self.release()
 
 
-def _take_free(candidates: Sequence[str], count: int, directory: Path) -> GpuLeaseSet | None:
+def _take_free(candidates: Sequence[str], count: int, directory: Path, group: str | None) -> GpuLeaseSet | None:
     taken = GpuLeaseSet([], directory)
     for gpu_uuid in candidates:
-        fd = _try_lock(_lock_path(directory, gpu_uuid))
+        fd = (
+            _try_lock(_lock_path(directory, gpu_uuid)) if group is None else _try_group_lock(directory, gpu_uuid, group)
+        )
         if fd is not None:
             taken.uuids.append(gpu_uuid)
             taken.fds.append(fd)
@@ -130,9 +171,17 @@ def _take_free(candidates: Sequence[str], count: int, directory: Path) -> GpuLea
 
 
 def acquire_gpus(
-    candidates: Sequence[str], count: int, *, wait_s: float = 0.0, directory: Path | None = None
+    candidates: Sequence[str],
+    count: int,
+    *,
+    wait_s: float = 0.0,
+    directory: Path | None = None,
+    group: str | None = None,
 ) -> GpuLeaseSet:
     """Lease ``count`` of the GPUs named in ``candidates`` (UUIDs, in order of preference).
+
+    ``group``: the run is one member of a planned co-located pair; it shares the lease with the pair's other
+    member only (:func:`_try_group_lock`). None: the run has its GPUs alone.
 
     Waits up to ``wait_s`` for enough of them to be free; then raises :class:`GpuLeaseUnavailable` naming the
     GPUs and who holds them. Never returns fewer than ``count``.
@@ -144,7 +193,7 @@ def acquire_gpus(
     directory = directory or lease_dir()
     deadline = time.monotonic() + wait_s
     while True:
-        taken = _take_free(candidates, count, directory)
+        taken = _take_free(candidates, count, directory, group)
         if taken is not None:
             return taken
         if time.monotonic() >= deadline:

@@ -51,12 +51,15 @@ def _durable(gpu: Any) -> bool:
     return getattr(gpu, "label", "") != "simulated"
 
 
-def lease_run_gpus(all_gpus: Sequence[Any], count: int) -> tuple[list[Any], GpuLeaseSet | None]:
-    """``count`` free GPUs of ``all_gpus`` with their leases (simulated GPUs: the first ``count``, no lease)."""
+def lease_run_gpus(
+    all_gpus: Sequence[Any], count: int, group: str | None = None
+) -> tuple[list[Any], GpuLeaseSet | None]:
+    """``count`` free GPUs of ``all_gpus`` with their leases (simulated GPUs: the first ``count``, no lease);
+    ``group``: shared with the other member of this planned pair only (a pair run as two pods)."""
     if not all_gpus or not _durable(all_gpus[0]):
         return list(all_gpus[:count]) if len(all_gpus) > count else list(all_gpus), None
     try:
-        lease = acquire_gpus([g.id for g in all_gpus], min(count, len(all_gpus)), wait_s=gpu_wait_s())
+        lease = acquire_gpus([g.id for g in all_gpus], min(count, len(all_gpus)), wait_s=gpu_wait_s(), group=group)
     except GpuLeaseUnavailable as exc:
         raise GpuUnavailable(str(exc)) from exc
     return [g for g in all_gpus if g.id in lease.uuids], lease

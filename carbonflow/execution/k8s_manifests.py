@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from carbonflow.contract import (
     GPU_INDEX_MAP_ENV,
+    GPU_LEASE_DIR_ENV,
     POWER_JOURNAL_DIR_ENV,
     TRAINING_UID_ENV,
     ZEUSD_SOCK_ENV,
@@ -96,6 +97,11 @@ class KubernetesSettings(BaseModel):
         default="/var/lib/carbonflow/power-journal",
         description="host directory for the wrapper's power-limit restore journals (one sub-directory per pod), "
         "so that a restore pod can put limits back after a training pod was killed",
+    )
+    gpu_lease_host_dir: str = Field(
+        default="/var/lib/carbonflow/gpu-leases",
+        description="host directory of the node's GPU leases, mounted into every training pod: pods of the node "
+        "lease a GPU in one place, so two planned pairs never train on one time-sliced GPU at once",
     )
     restore_runtime_class: str | None = Field(
         default="nvidia", description="runtime class giving the restore pod NVML without requesting a GPU"
@@ -418,9 +424,16 @@ class ManifestBuilder:
                 env[GPU_INDEX_MAP_ENV] = s.gpu_index_map_path
                 # Mounted from <power_journal_host_dir>/$(POD_NAME) on the node: this pod's journals only.
                 env[POWER_JOURNAL_DIR_ENV] = s.power_journal_host_dir
+                env[GPU_LEASE_DIR_ENV] = s.gpu_lease_host_dir
                 v, m = self._agent_volumes(journal_sub_path_expr="$(POD_NAME)")
-                volumes += v
-                mounts += m
+                volumes += [
+                    *v,
+                    k8s.V1Volume(
+                        name="gpu-leases",
+                        host_path=k8s.V1HostPathVolumeSource(path=s.gpu_lease_host_dir, type="DirectoryOrCreate"),
+                    ),
+                ]
+                mounts += [*m, k8s.V1VolumeMount(name="gpu-leases", mount_path=s.gpu_lease_host_dir)]
         security = k8s.V1SecurityContext(
             privileged=s.privileged,
             allow_privilege_escalation=s.privileged,

@@ -320,7 +320,7 @@ def run_wrapped(
     found = discover_devices(spec.simulated_gpu, include_cpu=True)
     all_gpus = [d for d in found if d.kind == "gpu"]
     # One free GPU per container, leased for the wrapper's whole life; only those are capped and measured.
-    gpus, lease = lease_run_gpus(all_gpus, plan.config.containers)
+    gpus, lease = lease_run_gpus(all_gpus, plan.config.containers, group=plan.config.colocation_group)
     try:
         return _run_on(spec, plan, command, found, all_gpus, gpus, lease, result_path=result_path,
                        trace_csv=trace_csv, trace_interval_s=trace_interval_s, profile_steps=profile_steps,

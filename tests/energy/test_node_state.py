@@ -264,3 +264,29 @@ def test_the_restore_command_registers_nothing_so_it_can_be_pointed_at_each_pods
         fake_nvml.update(0, limit_mw=150000)
     assert not (default_dirs / "node.json").exists()
     assert not list(tmp_path.glob("pod-*/*.json")), "both replayed and removed"
+
+
+def test_two_planned_pairs_never_share_one_gpus_lease(tmp_path):
+    """Issue 21: two co-located pairs on one time-sliced GPU trained at once. A pair's members share the GPU's
+    lease (its group); a member of another pair, and a run alone, wait until the last member is gone."""
+    from carbonflow.energy.errors import GpuLeaseUnavailable
+    from carbonflow.energy.lease import acquire_gpus
+
+    leases = tmp_path / "leases"
+    a0 = acquire_gpus(["GPU-1"], 1, directory=leases, group="pair-a")
+    a1 = acquire_gpus(["GPU-1"], 1, directory=leases, group="pair-a")  # the pair's other pod joins
+    for group in ("pair-b", None):
+        with pytest.raises(GpuLeaseUnavailable):
+            acquire_gpus(["GPU-1"], 1, directory=leases, group=group)
+    a0.release()
+    with pytest.raises(GpuLeaseUnavailable):  # one member still trains
+        acquire_gpus(["GPU-1"], 1, directory=leases, group="pair-b")
+    a1.release()
+    b0 = acquire_gpus(["GPU-1"], 1, directory=leases, group="pair-b")
+    with pytest.raises(GpuLeaseUnavailable):
+        acquire_gpus(["GPU-1"], 1, directory=leases)
+    b0.release()
+    alone = acquire_gpus(["GPU-1"], 1, directory=leases)
+    with pytest.raises(GpuLeaseUnavailable):
+        acquire_gpus(["GPU-1"], 1, directory=leases, group="pair-b")
+    alone.release()

@@ -97,8 +97,10 @@ def test_single_container_is_a_valid_pod_with_gpu_and_zeusd(builder):
     assert env["ZEUSD_SOCK_PATH"] == "/var/run/zeusd/zeusd.sock"
     assert env["CARBONFLOW_POWER_AGENT"] == "zeusd"
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert host_paths == {"zeusd-socket": "/var/run/zeusd", "power-journal": "/var/lib/carbonflow/power-journal"}
+    assert host_paths == {"zeusd-socket": "/var/run/zeusd", "power-journal": "/var/lib/carbonflow/power-journal",
+                          "gpu-leases": "/var/lib/carbonflow/gpu-leases"}  # fmt: skip
     assert env["CARBONFLOW_POWER_JOURNAL_DIR"] == "/var/lib/carbonflow/power-journal"
+    assert env["CARBONFLOW_GPU_LEASE_DIR"] == "/var/lib/carbonflow/gpu-leases"  # one lease place for the node's pods
     assert env["CARBONFLOW_GPU_INDEX_MAP"] == "/var/run/zeusd/gpu-index-map.json"
     assert c["env"][0] == {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
     mounts = {m["name"]: m for m in c["volumeMounts"]}
