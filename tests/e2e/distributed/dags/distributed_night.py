@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -20,7 +21,9 @@ from carbonflow.operators.night import night_gpu_groups
 
 HERE = Path(__file__).resolve().parent.parent
 BASE = {"command": ["python", "train_steps.py"], "working_dir": str(HERE), "steps": 200, "batch_size": 32,
-        "region": "GB", "objective": "energy", "max_slowdown": 2.0, "profile_steps": 40}  # fmt: skip
+        "region": "GB", "objective": "energy", "max_slowdown": 2.0, "profile_steps": 40,
+        # a training sees only what its job declares (the worker's environment does not reach it)
+        "env": {"E2E_SPANS_FILE": os.environ.get("E2E_SPANS_FILE", "")}}  # fmt: skip
 JOBS = [
     {**BASE, "name": "pair-a", "max_containers": 1},
     {**BASE, "name": "pair-b", "max_containers": 1},
