@@ -28,7 +28,7 @@ MUTATION_ENV = "CARBONFLOW_FAULT_MUTATION"
 def _lease_always_free() -> None:
     from carbonflow.energy import lease
 
-    def acquire_always(candidates, count, *, wait_s=0.0, directory=None):  # type: ignore[no-untyped-def]
+    def acquire_always(candidates, count, *, wait_s=0.0, directory=None, group=None):  # type: ignore[no-untyped-def]
         return lease.GpuLeaseSet(list(candidates)[:count], Path(directory or "/nonexistent"))
 
     lease.acquire_gpus = acquire_always
