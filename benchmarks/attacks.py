@@ -474,23 +474,15 @@ def training_forges_its_result_on_kubernetes(rng: random.Random, root: Path) -> 
     """On the fake cluster: the pod's training prints a forged (and, if it can, signed) result; its wrapper is then
     SIGKILLed (the OOM killer's way) or the training exits after printing it."""
     sys.path.insert(0, str(REPO / "tests" / "kubernetes"))
-    from fake_gpu_node import FakeGpuNode
-    from fake_kube_api import FakeKubeApi
+    from fake_gpu_node import fake_cluster
 
-    from carbonflow.execution.k8s_manifests import KubernetesSettings
-    from carbonflow.execution.kubernetes import KubernetesBackend
     from carbonflow.models import Config, JobSpec, Plan
     from tests.fakes.node import wait_for
 
     limit_w, how = 150, rng.choice(["oom-kill", "oom-kill", "print-and-exit"])
     now = datetime.now(UTC)
     forged = _forged_wrapped_run(limit_w, now)
-    with FakeGpuNode(gpus=2, gpus_for=lambda pod: [1]) as gpu_node, gpu_node.zeusd(), \
-            FakeKubeApi(gpu_node.training) as api:  # fmt: skip
-        api.restore_behaviour = gpu_node.restore
-        backend = KubernetesBackend(KubernetesSettings(namespace="ml"),
-                                    config_file=str(api.write_kubeconfig(root / "kubeconfig.json")),
-                                    poll_interval_s=0.05, restore_timeout_s=60)  # fmt: skip
+    with fake_cluster(root, gpus=2, gpus_for=lambda pod: [1]) as (gpu_node, _, api, backend):
         script, forged_file, marker = gpu_node.base / "forger.py", gpu_node.base / "forged.json", root / "printed"
         code = K8S_FORGER if how == "oom-kill" else K8S_FORGER.replace("while True:\n    time.sleep(0.2)", "")
         script.write_text(code)

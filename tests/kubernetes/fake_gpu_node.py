@@ -259,3 +259,22 @@ class FakeGpuNode:
         container = ProcessContainer(proc, log, message)
         self.containers[view.pod["metadata"]["name"]] = container
         return ContainerOutcome(live=container, pending_reads=0)
+
+
+@contextlib.contextmanager
+def fake_cluster(
+    workdir: Path, gpus: int = 2, gpus_for: Callable[[str], list[int]] | None = None
+) -> Iterator[tuple[FakeGpuNode, Any, Any, Any]]:
+    """The fake node (``gpus`` GPUs at 300 W, the device plugin's choice ``gpus_for``), its zeusd and power agent,
+    the fake API with restore pods on, and a real KubernetesBackend polling it quickly: (node, zeusd, api, backend)."""
+    from fake_kube_api import FakeKubeApi
+
+    from carbonflow.execution.kubernetes import KubernetesBackend
+
+    with FakeGpuNode(gpus=gpus, gpus_for=gpus_for) as gpu_node, gpu_node.zeusd() as zeusd, \
+            FakeKubeApi(gpu_node.training) as api:  # fmt: skip
+        api.restore_behaviour = gpu_node.restore
+        backend = KubernetesBackend(KubernetesSettings(namespace="ml"),
+                                    config_file=str(api.write_kubeconfig(workdir / "kubeconfig.json")),
+                                    poll_interval_s=0.05, restore_timeout_s=60)  # fmt: skip
+        yield gpu_node, zeusd, api, backend

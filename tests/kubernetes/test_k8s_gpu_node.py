@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_gpu_node import CAN_DROP_USERS, FakeGpuNode
-from fake_kube_api import FakeKubeApi
+from fake_gpu_node import CAN_DROP_USERS, FakeGpuNode, fake_cluster
 
 from carbonflow.execution.k8s_manifests import KubernetesSettings
 from carbonflow.execution.kubernetes import KubernetesBackend, KubernetesRunError
@@ -42,16 +41,8 @@ def _job(command: list[str], limit_w: float | None = 175) -> tuple[JobSpec, Plan
 @pytest.fixture
 def cluster(tmp_path):  # type: ignore[no-untyped-def]
     """A 2-GPU node at 300 W whose device plugin gives every GPU pod host GPU 1, its zeusd, and the API."""
-    with (
-        FakeGpuNode(gpus=2, gpus_for=lambda pod: [1]) as gpu_node,
-        gpu_node.zeusd() as zeusd,
-        FakeKubeApi(gpu_node.training) as api,
-    ):
-        api.restore_behaviour = gpu_node.restore
-        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig.json")
-        backend = KubernetesBackend(KubernetesSettings(namespace="ml"), config_file=str(kubeconfig),
-                                    poll_interval_s=0.05, restore_timeout_s=60)  # fmt: skip
-        yield gpu_node, zeusd, api, backend
+    with fake_cluster(tmp_path, gpus=2, gpus_for=lambda pod: [1]) as parts:
+        yield parts
 
 
 def _posts(zeusd: Any) -> list[str]:
@@ -241,15 +232,7 @@ def test_two_pairs_time_sliced_on_one_gpu_never_leave_it_lowered(tmp_path, ends)
     owns the limit with a reference count per GPU: it records the original on the first hold, sets the latest
     holder's limit while any pod holds the GPU, and the original once the last one (or its restore pod, for a
     SIGKILLed pod) releases it — whatever order the pods end in."""
-    with (
-        FakeGpuNode(gpus=1, gpus_for=lambda pod: [0]) as gpu_node,
-        gpu_node.zeusd() as zeusd,
-        FakeKubeApi(gpu_node.training) as api,
-    ):
-        api.restore_behaviour = gpu_node.restore
-        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig.json")
-        backend = KubernetesBackend(KubernetesSettings(namespace="ml"), config_file=str(kubeconfig),
-                                    poll_interval_s=0.05, restore_timeout_s=60)  # fmt: skip
+    with fake_cluster(tmp_path, gpus=1, gpus_for=lambda pod: [0]) as (gpu_node, zeusd, api, backend):
         agent = gpu_node.agent
         handles = []
         for number, limit_w in enumerate(PAIR_LIMITS_W):

@@ -15,12 +15,12 @@ import json
 from datetime import UTC, datetime
 
 import pytest
-from fake_gpu_node import CAN_DROP_USERS, FakeGpuNode
+from fake_gpu_node import CAN_DROP_USERS, fake_cluster
 from fake_kube_api import ContainerOutcome, ContainerView, FakeKubeApi
 from test_k8s_backend import backend_for_path, container_result, make_plan, make_spec
 
 from carbonflow.execution.k8s_manifests import KubernetesSettings
-from carbonflow.execution.kubernetes import KubernetesBackend, KubernetesRunError
+from carbonflow.execution.kubernetes import KubernetesRunError
 from carbonflow.execution.signing import (
     NOT_SIGNED,
     RESULT_KEY_ENV,
@@ -82,16 +82,8 @@ while True:
 @pytest.fixture
 def cluster(tmp_path):  # type: ignore[no-untyped-def]
     """A 2-GPU node at 300 W whose device plugin gives the pod host GPU 1, its zeusd, and the API."""
-    with (
-        FakeGpuNode(gpus=2, gpus_for=lambda pod: [1]) as gpu_node,
-        gpu_node.zeusd() as zeusd,
-        FakeKubeApi(gpu_node.training) as api,
-    ):
-        api.restore_behaviour = gpu_node.restore
-        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig.json")
-        backend = KubernetesBackend(KubernetesSettings(namespace="ml"), config_file=str(kubeconfig),
-                                    poll_interval_s=0.05, restore_timeout_s=60)  # fmt: skip
-        yield gpu_node, zeusd, api, backend
+    with fake_cluster(tmp_path, gpus=2, gpus_for=lambda pod: [1]) as parts:
+        yield parts
 
 
 def test_a_training_cannot_forge_its_result_by_printing_it(cluster) -> None:  # type: ignore[no-untyped-def]
