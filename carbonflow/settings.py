@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,13 +167,25 @@ def _registry_payload(dirs: NodeDirs) -> dict[str, str]:
 def _check_registry(dirs: NodeDirs) -> None:
     path = dirs.node / NODE_REGISTRY
     want = _registry_payload(dirs)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    except FileExistsError:
-        _compare_registry(path, want)
+    if not path.exists() and _register(path, want):
         return
-    with os.fdopen(fd, "w") as fh:
-        json.dump(want, fh, indent=2)
+    _compare_registry(path, want)
+
+
+def _register(path: Path, want: dict[str, str]) -> bool:
+    """Write the registry whole, then link it into place: a racing wrapper sees no file or the full one, never a
+    half-written one. False when another wrapper registered first."""
+    fd, tmp = tempfile.mkstemp(prefix=".node-", suffix=".json", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(want, fh, indent=2)
+        os.chmod(tmp, 0o644)
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
 
 
 def _compare_registry(path: Path, want: dict[str, str]) -> None:

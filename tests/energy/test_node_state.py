@@ -290,3 +290,30 @@ def test_two_planned_pairs_never_share_one_gpus_lease(tmp_path):
     with pytest.raises(GpuLeaseUnavailable):
         acquire_gpus(["GPU-1"], 1, directory=leases, group="pair-b")
     alone.release()
+
+
+_REGISTER = """
+import sys, time
+from carbonflow.settings import node_dirs
+start = float(sys.argv[1])
+while time.time() < start:
+    pass
+node_dirs()
+"""
+
+
+def test_wrappers_registering_the_node_at_once_never_read_a_half_written_registry(default_dirs, tmp_path):  # type: ignore[no-untyped-def]
+    """The first wrapper of a machine writes node.json; one racing it used to read it empty ("unreadable: Expecting
+    value") and fail its run. Eight processes register a fresh node dir at the same instant, six times over."""
+    import time
+
+    for attempt in range(6):
+        node = tmp_path / f"node{attempt}"
+        env = dict(os.environ, CARBONFLOW_NODE_DIR=str(node), PYTHONPATH=str(REPO))
+        start = str(time.time() + 1.5)
+        procs = [subprocess.Popen([sys.executable, "-c", _REGISTER, start], env=env, stderr=subprocess.PIPE,
+                                  text=True) for _ in range(8)]  # fmt: skip
+        errors = [p.communicate(timeout=60)[1] for p in procs]
+        assert [p.returncode for p in procs] == [0] * 8, errors
+        assert json.loads((node / settings.NODE_REGISTRY).read_text())["gpu_lease_dir"].startswith(str(node))
+        assert not list(node.glob(".node-*")), "temporary registry files left behind"
