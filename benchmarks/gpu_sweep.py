@@ -81,8 +81,14 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 def _resnet(cfg: dict[str, Any], device: str):  # type: ignore[no-untyped-def]
     """ResNet-50 (channels-last) and one synthetic batch; the model returns (logits, labels) for the loss."""
     import torch
-    import torchvision
 
+    try:
+        import torchvision
+    except ImportError as exc:
+        raise SystemExit(
+            f"the resnet50_bf16 workload needs torchvision ({exc}); install it beside torch (the sweep trains "
+            "both resnet50_bf16 and transformer_small)"
+        ) from exc
     net = torchvision.models.resnet50(num_classes=cfg["classes"]).to(device, memory_format=torch.channels_last)
     x = torch.randn(cfg["batch_size"], 3, cfg["image_px"], cfg["image_px"], device=device)
     y = torch.randint(0, cfg["classes"], (cfg["batch_size"],), device=device)
