@@ -1,9 +1,12 @@
 """Forecast error as a function of lead time, calibrated on real published forecasts.
 
-``python -m carbonflow.carbon.calibration [--neso FILE] [--carboncast FILE] [--out FILE]`` measures the error of
-the NESO GB forecasts shipped in ``data/`` and of CarbonCast's California day-ahead forecasts (the shared data set)
-and writes ``data/error_calibration.json``. Nothing in that file is typed by hand: :func:`default_error_model`
-reads it, and a test recomputes it from the source files.
+``python benchmarks/fit_error_calibration.py`` (or ``python -m carbonflow.carbon.calibration [--neso-long FILE]
+[--neso FILE] [--carboncast FILE] [--out FILE]``) measures the error of NESO's GB national forecasts on the 91-issue
+archive in ``benchmarks/data/neso-gb-published-2023`` (the product's NESO calibration), keeps the former fit on the
+four issues of 14-17 March 2023 shipped in ``data/`` under ``superseded``, measures CarbonCast's California day-ahead
+forecasts (all the shared data set holds: 8 daily runs) and writes ``data/error_calibration.json``, with the days
+each fit used (``error_calibration_days``). Nothing in that file is typed by hand: :func:`default_error_model` reads
+it, and a test recomputes it from the source files.
 """
 
 from __future__ import annotations
@@ -25,6 +28,18 @@ NESO_FW48H = (
     / "uk-neso-forecast-vs-actual"
     / ("gb_national_fw48h_forecast_vs_actual_issued_2023-03-14_to_2023-03-17.csv")
 )
+NESO_LONG = (
+    Path(__file__).resolve().parents[2]
+    / "benchmarks"
+    / "data"
+    / "neso-gb-published-2023"
+    / "gb_national_fw48h_evening_forecasts_2023-03-14_to_2023-06-24.csv"
+)
+"""NESO's evening 48 h forecasts of 91 days (14 March - 24 June 2023) with their actuals, in the repository (not in
+the installed package: fitting is done from a checkout; the product reads only the JSON)."""
+IMPLAUSIBLE_FRACTION = 0.5
+"""A published actual below this fraction of the median of its 4 h neighbourhood (or <= 0) is a known bad
+publication (see that folder's README: 0, 4, 29 gCO2/kWh amid 150-250) and is left out of the fit."""
 SHARED_CARBONCAST = Path("/work/shared/data/carbon/carboncast-forecast-vs-actual") / (
     "US-CISO_lifecycle_96h_forecast_vs_actual_2021-07-01_to_2021-07-11.csv"
 )
@@ -118,6 +133,47 @@ def measure_neso(path: Path) -> dict:
     return out
 
 
+def plausible_actuals(actual: pd.Series, slot_s: float = 1800.0) -> pd.Series:
+    """The actual series (indexed by slot start) with implausible publications set to NaN: <= 0, or below
+    ``IMPLAUSIBLE_FRACTION`` of the median of the 4 h around it (the slot included)."""
+    regular = actual.resample(f"{int(slot_s)}s").mean()
+    width = max(3, round(4 * 3600 / slot_s) + 1)
+    median = regular.rolling(width, center=True, min_periods=3).median()
+    bad = (regular <= 0) | (regular < IMPLAUSIBLE_FRACTION * median)
+    return regular.mask(bad).reindex(actual.index)
+
+
+def measure_neso_long(path: Path = NESO_LONG) -> dict:
+    """Error statistics of NESO's forecasts in the long format of ``benchmarks/data/neso-gb-published-2023``
+    (``issued_at,slot_start,lead_h,forecast_gco2_per_kwh,actual_gco2_per_kwh``); implausible published actuals
+    (:func:`plausible_actuals`) are left out. ``error_calibration_days``: issues (one a day) with at least one
+    forecast/actual pair."""
+    frame = pd.read_csv(path)
+    slot = pd.to_datetime(frame["slot_start"], utc=True)
+    actual = pd.Series(frame["actual_gco2_per_kwh"].to_numpy(dtype=float), index=slot)
+    actual = actual[~actual.index.duplicated(keep="last")].sort_index()
+    good = plausible_actuals(actual)
+    frame["actual"] = good.reindex(slot).to_numpy()
+    frame["err"] = frame["forecast_gco2_per_kwh"] - frame["actual"]
+    frame["rel"] = frame["err"] / frame["actual"]
+    used = frame.dropna(subset=["rel"])
+    days = sorted(used["issued_at"].str[:10].unique())
+    out = {
+        "file": path.name,
+        "sha256": _sha256(path),
+        "rows": len(frame),
+        "pairs_used": len(used),
+        "implausible_actuals_left_out": int(actual.notna().sum() - good.notna().sum()),
+        "error_calibration_days": len(days),
+        "fitted_on": f"{len(days)} evening issues {days[0]} .. {days[-1]} (of {frame['issued_at'].nunique()}; "
+        "the others have no published actual in the archive)",
+        "lead_edges_h": list(LEAD_EDGES_H),
+    }
+    out.update(_bins(frame))
+    out["phi_per_h"] = round(_lag1_per_hour(frame, "issued_at", 0.5), 4)
+    return out
+
+
 def measure_carboncast(path: Path) -> dict:
     """Error statistics of CarbonCast's 96 h day-ahead forecasts (lead time = end of the hour - run start)."""
     frame = pd.read_csv(path)
@@ -129,6 +185,9 @@ def measure_carboncast(path: Path) -> dict:
     out = {"file": path.name, "sha256": _sha256(path), "rows": len(frame), "lead_edges_h": list(LEAD_EDGES_H)}
     out.update(_bins(frame))
     out["phi_per_h"] = round(_lag1_per_hour(frame, "forecast_run_day_utc", 1.0), 4)
+    days = sorted(frame["forecast_run_day_utc"].astype(str).unique())
+    out["error_calibration_days"] = len(days)
+    out["fitted_on"] = f"{len(days)} daily runs {days[0]} .. {days[-1]} (all the shared data set holds)"
     return out
 
 
@@ -145,17 +204,26 @@ def pool(sources: dict[str, dict]) -> dict:
     return pooled
 
 
-def compute(neso: Path = NESO_FW48H, carboncast: Path | None = SHARED_CARBONCAST) -> dict:
-    """The full calibration document (what ``error_calibration.json`` holds)."""
-    sources = {"neso-gb-national": measure_neso(neso)}
+def compute(neso_long: Path = NESO_LONG, neso: Path = NESO_FW48H, carboncast: Path | None = SHARED_CARBONCAST) -> dict:
+    """The full calibration document (what ``error_calibration.json`` holds): ``sources`` are what the product and
+    the benchmarks use; ``superseded`` keeps the former NESO fit (4 issues) beside it for comparison."""
+    sources = {"neso-gb-national": measure_neso_long(neso_long)}
     if carboncast is not None and Path(carboncast).exists():
         sources["carboncast-us-ciso"] = measure_carboncast(Path(carboncast))
+    old = measure_neso(neso)
+    old["error_calibration_days"] = int(pd.read_csv(neso)["issued_at_utc"].str[:10].nunique())
+    old["fitted_on"] = "4 midday issues 2023-03-14 .. 2023-03-17 (inside the 91-issue archive that replaces it)"
     return {
-        "generated_by": "python -m carbonflow.carbon.calibration",
+        "generated_by": "python benchmarks/fit_error_calibration.py",
         "definition": "rel = (forecast - actual) / actual; lead = end of slot - issue time (h); "
         "phi_per_h = lag-1 autocorrelation of rel within one issue, per hour",
+        "error_calibration_days": {k: v["error_calibration_days"] for k, v in sources.items()},
         "sources": sources,
         "pooled": pool(sources),
+        "superseded": {
+            "neso-gb-national": old,
+            "pooled": pool({"neso-gb-national": old, **{k: v for k, v in sources.items() if k != "neso-gb-national"}}),
+        },
     }
 
 
@@ -204,13 +272,16 @@ def default_error_model(which: str = "pooled") -> LeadTimeErrorModel:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--neso", type=Path, default=NESO_FW48H)
+    parser.add_argument("--neso-long", type=Path, default=NESO_LONG)
+    parser.add_argument("--neso", type=Path, default=NESO_FW48H, help="the former 4-issue sample (kept, superseded)")
     parser.add_argument("--carboncast", type=Path, default=SHARED_CARBONCAST)
     parser.add_argument("--out", type=Path, default=CALIBRATION_PATH)
     args = parser.parse_args(argv)
     if not args.carboncast.exists():
         raise SystemExit(f"--carboncast={args.carboncast} does not exist; give the CarbonCast forecast-vs-actual CSV")
-    doc = compute(args.neso, args.carboncast)
+    if not args.neso_long.exists():
+        raise SystemExit(f"--neso-long={args.neso_long} does not exist; give the long-format NESO archive")
+    doc = compute(args.neso_long, args.neso, args.carboncast)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(doc["pooled"], indent=2))
 
