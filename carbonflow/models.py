@@ -14,7 +14,13 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from carbonflow.contract import check_env_from_connections, check_job_env
-from carbonflow.progress_pattern import MAX_PATTERN_CHARS, PATTERN_GROUPS, check_pattern_for_job, check_progress_pattern
+from carbonflow.progress_pattern import (
+    MATCH_TIMEOUT_S,
+    MAX_PATTERN_CHARS,
+    PATTERN_GROUPS,
+    check_pattern_for_job,
+    check_progress_pattern,
+)
 
 SignalKind = Literal["average-direct", "average-lifecycle", "marginal"]
 """What a carbon-intensity number means; never mix kinds in one comparison."""
@@ -178,7 +184,7 @@ class JobSpec(_InputModel):
         description="a regular expression searched in each line the command prints (stdout and stderr): its "
         f"matches are the progress reports of a script that writes none; named groups among {', '.join(PATTERN_GROUPS)}"
         f" (the last accuracy is the run's test_accuracy unless the script reports one); at most {MAX_PATTERN_CHARS} "
-        "characters; see docs/own-job.md",
+        f"characters; a line whose search takes over {MATCH_TIMEOUT_S} s counts as unmatched; see docs/own-job.md",
     )
     image: str | None = Field(
         default=None, max_length=MAX_PATH_CHARS, description="container image for the Kubernetes backend"

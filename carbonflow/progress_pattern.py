@@ -13,14 +13,18 @@ and turns each match into a progress report:
 - ``loss``: logged as the metric ``loss``; ``accuracy``: the last one is the run's ``test_accuracy`` unless the
   script reports a ``test_accuracy`` itself; ``epochs`` (the total) is accepted and ignored.
 
-Imports only the standard library (the models validate patterns with it).
+A pattern is a Python regular expression, compiled with the ``regex`` package (its syntax is a superset of
+``re``'s): each search of a printed line stops after :data:`MATCH_TIMEOUT_S` and releases the GIL while it runs, so a
+pattern that backtracks catastrophically (``(a|aa)+$``) loses that line and is reported, but never stalls the
+wrapper's reader threads (and, through a full pipe, the training).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
+
+import regex
 
 PATTERN_GROUPS = ("epoch", "epochs", "step", "samples", "loss", "accuracy")
 """The named groups a progress_pattern may use."""
@@ -31,6 +35,8 @@ MAX_LINE_CHARS = 4096
 """Of a longer printed line only its first this many characters are searched."""
 UNMATCHED_NOTE = "progress_pattern matched no line"
 """Starts the run's note when the pattern matched none of the lines the command printed."""
+MATCH_TIMEOUT_S = 0.05
+"""How long one search of one printed line may take; a line that takes longer counts as unmatched."""
 SHOWN_LINES = 8
 SHOWN_LINE_CHARS = 200
 
@@ -40,7 +46,7 @@ def _short(value: str, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 1]}… ({len(value)} characters)"
 
 
-def check_progress_pattern(pattern: str) -> re.Pattern[str]:
+def check_progress_pattern(pattern: str) -> regex.Pattern[str]:
     """The compiled pattern, or a ValueError naming the field, the value and what is allowed."""
     allowed = ", ".join(PATTERN_GROUPS)
     if len(pattern) > MAX_PATTERN_CHARS:
@@ -49,8 +55,8 @@ def check_progress_pattern(pattern: str) -> re.Pattern[str]:
             f"allowed: at most {MAX_PATTERN_CHARS}"
         )
     try:
-        compiled = re.compile(pattern)
-    except re.error as err:
+        compiled = regex.compile(pattern)
+    except regex.error as err:
         raise ValueError(
             f"progress_pattern={_short(pattern)} is not a valid regular expression: {err.msg} at position {err.pos}; "
             f"give a Python regular expression with named groups among {allowed}"
@@ -90,14 +96,19 @@ class LineMatcher:
     matched: int = 0
     epochs_done: int = 0
     accuracy: float | None = None
-    _compiled: re.Pattern[str] = field(init=False, repr=False)
+    timed_out: int = 0
+    _compiled: regex.Pattern[str] = field(init=False, repr=False)
     _last_epoch: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._compiled = check_progress_pattern(self.pattern)
 
     def match(self, line: str) -> dict[str, Any] | None:
-        found = self._compiled.search(line[:MAX_LINE_CHARS])
+        try:
+            found = self._compiled.search(line[:MAX_LINE_CHARS], timeout=MATCH_TIMEOUT_S, concurrent=True)
+        except TimeoutError:
+            self.timed_out += 1
+            return None
         if found is None:
             return None
         groups = {k: v for k, v in found.groupdict().items() if v is not None}
@@ -143,3 +154,11 @@ class SeenLines:
             f"{UNMATCHED_NOTE}: progress_pattern={_short(pattern)} matched none of the {self.count} line(s) the "
             f"command printed; the last of them: {shown}"
         )
+
+
+def timed_out_note(pattern: str, lines: int) -> str:
+    """The run's note when searching some lines took longer than :data:`MATCH_TIMEOUT_S`."""
+    return (
+        f"progress_pattern={_short(pattern)} took longer than {MATCH_TIMEOUT_S} s on {lines} printed line(s), which "
+        "counted as unmatched; the pattern backtracks too much: avoid nested repetition such as (a+)+ or (a|aa)+"
+    )

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import IO, Any
 
-from carbonflow.progress_pattern import MAX_LINE_CHARS, LineMatcher, SeenLines
+from carbonflow.progress_pattern import MAX_LINE_CHARS, LineMatcher, SeenLines, timed_out_note
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,8 @@ class PatternProgress:
 
     def notes(self) -> list[str]:
         notes = [] if self.matcher.matched else [self.seen.unmatched_note(self.pattern)]
+        if self.matcher.timed_out:
+            notes.append(timed_out_note(self.pattern, self.matcher.timed_out))
         if self.dropped:
             notes.append(f"progress_pattern: {self.dropped} printed line(s) not searched (the pattern fell behind)")
         return notes

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -85,7 +86,7 @@ def _job(tmp_path: Path, script: str, **kw: object) -> JobSpec:
     [
         (r"epoch (\d+)/\d+", "has no named group"),
         (r"epoch (?P<epoch>\d+) acc (?P<acc>[\d.]+)", "group(s) acc"),
-        (r"epoch (?P<epoch>\d+", "not a valid regular expression: missing ), unterminated subpattern"),
+        (r"epoch (?P<epoch>\d+", "not a valid regular expression: missing ) at position 19"),
         ("(?P<epoch>x)" + "y" * MAX_PATTERN_CHARS, f"allowed: at most {MAX_PATTERN_CHARS}"),
     ],
 )
@@ -188,6 +189,32 @@ def test_the_reader_echoes_bytes_unchanged_and_splits_at_cr_and_lf(tmp_path):
     assert [r["step"] for r in lines.drain()] == [1, 2, 3]
     assert lines.seen.count == 6 and all(len(line) <= 200 for line in lines.seen.last)
     assert lines.notes() == []
+
+
+def test_a_catastrophically_backtracking_pattern_loses_lines_but_never_stalls_the_reader(tmp_path):
+    """``(a|aa)+$`` on a line of a's ending in b backtracks exponentially: with ``re`` one such line held the GIL
+    for minutes, the reader stopped draining the pipe and the training blocked on it. Now each search stops after
+    MATCH_TIMEOUT_S, the line counts as unmatched, the note says why, and every byte is still echoed promptly."""
+    from carbonflow.progress_pattern import MATCH_TIMEOUT_S
+
+    lines = PatternProgress(r"(?P<epoch>(a|aa)+)$", batch_size=1, samples_per_epoch=10)
+    read_fd, write_fd = os.pipe()
+    echo_path = tmp_path / "echo"
+    evil = b"a" * 60 + b"b\n"
+    data = evil * 20 + b"aaa\n"
+    started = time.monotonic()
+    with open(read_fd, "rb", buffering=0) as pipe, echo_path.open("wb") as echo:
+        lines.start([(pipe, echo)])
+        writer = threading.Thread(target=lambda: (os.write(write_fd, data), os.close(write_fd)))
+        writer.start()
+        writer.join(timeout=5)
+        assert not writer.is_alive(), "the writer blocked: the reader stopped draining the pipe"
+        lines.join()
+    assert time.monotonic() - started < 20 * MATCH_TIMEOUT_S * 4 + 5
+    assert echo_path.read_bytes() == data
+    assert lines.matcher.timed_out == 20
+    assert [r["step"] for r in lines.drain()] == [1]
+    assert any("backtracks too much" in note and "20 printed line(s)" in note for note in lines.notes())
 
 
 # --- through the wrapper --------------------------------------------------------------------------------------
