@@ -27,3 +27,9 @@ class PowerLimitNotRestored(ExecutionError):
 
 GPU_UNAVAILABLE_EXIT = 69
 """Exit status of ``carbonflow run``/``run-shared`` when no GPU could be leased (EX_UNAVAILABLE: retry later)."""
+
+
+def shell_exit_status(code: int) -> int:
+    """A training's exit code as the wrapper's own exit status: a death by signal N (``-N``) becomes a shell's
+    ``128 + N`` (137 for SIGKILL), not ``-N`` modulo 256 (247)."""
+    return code if code >= 0 else 128 - code

@@ -121,9 +121,9 @@ class LocalBackend:
         run_dir = Path(handle.details["run_dir"])
         log_path, result_path = run_dir / "training.log", run_dir / "result.json"
         code = self._returncode(handle)
-        _raise_if_no_gpu(code if code is not None else 0, log_path)
         what = f"run {run_dir.name!r} of {'+'.join(handle.jobs)}"
-        if not result_path.exists():
+        if not result_path.exists():  # a training that itself exits 69 has a result: it failed, it found a GPU
+            _raise_if_no_gpu(code if code is not None else 0, log_path)
             raise RunFailed(f"{what} wrote no result (exit {code}); log tail:\n{_tail(log_path)}")
         payload = _verified_result(result_path, handle, f"{what} (exit {code})", log_path)
         if handle.kind == "shared":
@@ -147,6 +147,10 @@ class LocalBackend:
             log.error("wrapper %s did not stop within 30 s of SIGTERM; killing it", pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+    def rebuild_options(self) -> dict[str, Any]:
+        """Nothing beyond the name: a handle names its run's directory and pid (polled on this host only)."""
+        return {}
 
     # --- blocking forms (a local training task waits on its worker) ------------------------------------
     def execute(self, spec: JobSpec, plan: Plan, options: RunOptions | None = None, **fields: Any) -> WrappedRun:

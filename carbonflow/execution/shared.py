@@ -41,7 +41,7 @@ from pydantic import BaseModel, Field
 from carbonflow.energy.lease import GpuLeaseSet
 from carbonflow.energy.monitor import EnergyMonitor, Measurement, PowerSampler
 from carbonflow.energy.power_limit import applied_power_limit
-from carbonflow.execution.errors import GPU_UNAVAILABLE_EXIT, GpuUnavailable
+from carbonflow.execution.errors import GPU_UNAVAILABLE_EXIT, GpuUnavailable, shell_exit_status
 from carbonflow.execution.gpus import drop_privileges_for_training, lease_run_gpus, pinned_env, start_child
 from carbonflow.execution.signing import take_result_key
 from carbonflow.execution.wrapper import (
@@ -546,4 +546,4 @@ def main_from_file(request_path: Path, result_path: Path) -> int:
         print(f"carbonflow run-shared: {err}; power limits restored", file=sys.stderr)
         return 128 + err.signum
     codes = [r.exit_code for r in run.members if r.exit_code != SEPARATED_EXIT_CODE]
-    return next((c for c in codes if c != 0), 0)
+    return shell_exit_status(next((c for c in codes if c != 0), 0))

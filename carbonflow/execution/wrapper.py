@@ -31,7 +31,7 @@ from carbonflow.energy.lease import GpuLeaseSet
 from carbonflow.energy.monitor import EnergyMonitor, PowerSampler
 from carbonflow.energy.power_limit import applied_power_limit
 from carbonflow.execution.commands import work_env
-from carbonflow.execution.errors import GPU_UNAVAILABLE_EXIT, GpuUnavailable
+from carbonflow.execution.errors import GPU_UNAVAILABLE_EXIT, GpuUnavailable, shell_exit_status
 from carbonflow.execution.gpus import (
     GuardedChild,
     drop_privileges_for_training,
@@ -209,6 +209,7 @@ class _Sweep:
         self.windows: list[MeasuredWindow] = []
         self.done = False
         self.created_s = time.monotonic()  # just before the training starts: where a whole-run window begins
+        self.clocked: list[Any] = []  # simulated GPUs on their own clock: windows last their work's simulated time
 
     @property
     def limit_w(self) -> float | None:
@@ -279,6 +280,28 @@ def _set_busy(gpus: list[Any], busy: bool) -> bool:
         if callable(set_busy):
             set_busy(busy)
     return busy
+
+
+def _work_clocked(gpus: list[Any]) -> list[Any]:
+    """The run's simulated GPUs that keep their own clock, driven by the work (:meth:`SimulatedGpu.add_work`)."""
+    return [g for g in gpus if callable(getattr(g, "add_work", None))]
+
+
+def _feed_work(clocked: list[Any], samples: int, fed: int) -> int:
+    """Hand the simulated GPUs the samples trained since ``fed`` (split evenly: data-parallel containers each train
+    their share), so their clock and energy follow the work at the current limit whatever the host's load;
+    returns the samples fed so far."""
+    if clocked and samples > fed:
+        for gpu in clocked:
+            gpu.add_work((samples - fed) / len(clocked))
+    return max(samples, fed)
+
+
+def _simulated_window_s(clocked: list[Any], samples: int) -> float:
+    """The simulated GPUs' time for ``samples`` trained at the current limit (split evenly between them)."""
+    if not clocked or samples <= 0:
+        return 0.0
+    return max(g.power_model.seconds_per_sample(g.power_limit_w()) for g in clocked) * samples / len(clocked)
 
 
 def _apply_limit(gpus: list[Any], limit_w: float | None, slowdown_file: Path | None, notes: list[str]) -> None:
@@ -353,6 +376,9 @@ def _run_on(
 ) -> WrappedRun:
     devices = [*gpus, *(d for d in found if d.kind != "gpu")]
     _set_busy(all_gpus, False)  # a simulated GPU accrues energy only while the training works
+    clocked = _work_clocked(gpus)
+    for gpu in clocked:  # its time and energy follow the samples trained, never the host's clock
+        gpu.follow_work()
     monitor = EnergyMonitor(devices)
     workdir = Path(tempfile.mkdtemp(prefix="carbonflow-run-"))
     lines = _pattern_progress(spec, plan)
@@ -366,6 +392,7 @@ def _run_on(
     if profile_steps is not None:
         limits: list[float | None] = list(sweep_limits_w) if sweep_limits_w else [plan.config.power_limit_w]
         sweep = _Sweep(limits, warmup_steps, profile_steps, stop_below_fraction, spec.profile_min_window_s)
+        sweep.clocked = clocked
     env = training_env(
         spec, progress.path, out_dir, stop_file, sweep.total_steps() if sweep is not None else None, slowdown_file,
         plan.config, profile=sweep is not None,
@@ -404,6 +431,7 @@ def _run_on(
                 if lines is not None:
                     lines.start(list(zip((child.stdout, child.stderr), own_streams(), strict=True)))
                 busy = False
+                fed = 0
                 while True:
                     if received:
                         notes.append(f"wrapper received {signal.Signals(received[0]).name}: training stopped")
@@ -412,6 +440,7 @@ def _run_on(
                         break
                     code = child.poll()
                     progress.poll()
+                    fed = _feed_work(clocked, progress.samples, fed)
                     if not busy and progress.step > 0:
                         # A simulated GPU works from the first training step (the Zeus data has no
                         # idle power, so the process start-up before it accrues no GPU energy).
@@ -442,6 +471,7 @@ def _run_on(
                     lines.join()
                 if child is not None:  # the training's last reports are the simulated GPU's work too
                     progress.poll()
+                    fed = _feed_work(clocked, progress.samples, fed)
                 if sweep is not None and not sweep.done and (sweep.open_at is not None or not sweep.windows):
                     _close_at_exit(sweep, progress, monitor, notes)
                 total = monitor.end_window("run")
@@ -469,7 +499,13 @@ def _run_on(
             entry.power_limit_w = plan.config.power_limit_w if applied and sweep is None else None
     windows = sweep.windows if sweep is not None else []
     first = windows[0] if windows else None
-    duration_s = time.monotonic() - start_s
+    duration_s = host_s = time.monotonic() - start_s
+    if clocked and fed > 0:  # a simulated GPU's run lasts the simulated time of its work, not the host's
+        duration_s = max(g.simulated_s() for g in clocked)
+        notes.append(
+            f"simulated GPU clock: {fed} samples took {duration_s:.3f} s of simulated GPU time (energy and duration "
+            f"follow the work and the configuration); the host's wall time was {host_s:.2f} s"
+        )
     wrapped = WrappedRun(
         job=spec.name,
         config_key=plan.config.key(),
@@ -545,6 +581,8 @@ def _close_window(sweep: _Sweep, progress: _Progress, monitor: EnergyMonitor) ->
         energy_window_s=energy.elapsed_s, step_time_cv=progress.step_time_cv(t0, t1),
         steps=progress.reports_between(t0, t1),
     )  # fmt: skip
+    if sweep.clocked:  # on the simulated GPU's clock: the window's samples at its limit (host load aside)
+        window.window_s = window.energy_window_s = _simulated_window_s(sweep.clocked, window.samples)
     sweep.windows.append(window)
     sweep.open_at = None
     return window
@@ -577,6 +615,9 @@ def _close_at_exit(sweep: _Sweep, progress: _Progress, monitor: EnergyMonitor, n
         energy_j=dict(energy.energy_j) if covered else {}, energy_window_s=energy.elapsed_s if covered else 0.0,
         step_time_cv=progress.step_time_cv(t0, t1), steps=progress.reports_between(t0, t1),
     )  # fmt: skip
+    if sweep.clocked:
+        window.window_s = _simulated_window_s(sweep.clocked, window.samples)
+        window.energy_window_s = window.window_s if covered else 0.0
     sweep.windows.append(window)
     if progress.step < sweep.phase_start_step + sweep.warmup_for_phase() + sweep.profile_steps:
         notes.append(
@@ -607,6 +648,8 @@ def _too_short(sweep: _Sweep, progress: _Progress, start: tuple[float, int] | No
         return
     t1, s1 = progress.last
     window_s = max(t1 - sweep.created_s, spanned)
+    if sweep.clocked:  # a simulated GPU's clock has no start-up: the run's samples at this limit
+        window_s = _simulated_window_s(sweep.clocked, s1)
     sweep.windows.append(
         MeasuredWindow(
             power_limit_w=sweep.limit_w, samples=s1, window_s=window_s, energy_j={}, energy_window_s=0.0,
@@ -722,4 +765,4 @@ def main_from_files(job_path: Path, plan_path: Path, result_path: Path, command:
     except Terminated as err:
         print(f"carbonflow run: {err}; power limits restored", file=sys.stderr)
         return 128 + err.signum
-    return wrapped.exit_code
+    return shell_exit_status(wrapped.exit_code)
