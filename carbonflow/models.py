@@ -30,7 +30,11 @@ EnergyLabel = Literal["measured", "estimated", "simulated"]
 
 DeviceKind = Literal["gpu", "cpu"]
 
-_OBJECTIVE_RE = re.compile(r"^(carbon|energy|time|edp|eds:(?P<k>[0-9.]+)|zeus:(?P<eta>[0-9.]+))$")
+OBJECTIVE_PATTERN = r"^(carbon|energy|time|edp|eds:(?P<k>[0-9.]+)|zeus:(?P<eta>[0-9.]+))$"
+"""The objective grammar, the one place it is written (the DAGs' Params take :data:`OBJECTIVE_PARAM_PATTERN`)."""
+OBJECTIVE_PARAM_PATTERN = OBJECTIVE_PATTERN.replace("(?P<k>", "(").replace("(?P<eta>", "(")
+"""The grammar as a JSON-schema ``pattern`` (no named groups) for Airflow Params."""
+_OBJECTIVE_RE = re.compile(OBJECTIVE_PATTERN)
 OBJECTIVES_HELP = "one of carbon, energy, time, edp, eds:<k> with k >= 1, zeus:<eta> with 0 <= eta <= 1"
 JOB_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
+from carbonflow.models import OBJECTIVE_PARAM_PATTERN
 from carbonflow.operators import (
     CarbonAwareTrainingOperator,
     DeliverHeldRunsOperator,
@@ -44,7 +45,7 @@ with DAG(
         "objective": Param(
             None,
             type=["null", "string"],
-            pattern=r"^(carbon|energy|time|edp|eds:[0-9.]+|zeus:[0-9.]+)$",
+            pattern=OBJECTIVE_PARAM_PATTERN,
             description="override every job's objective",
         ),
         "power_limit_w": Param(None, type=["null", "number"], exclusiveMinimum=0, description="fixed GPU power limit"),

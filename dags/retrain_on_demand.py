@@ -15,7 +15,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Param
 
-from carbonflow.models import MAX_POWER_LIMIT_W, parse_job
+from carbonflow.models import MAX_POWER_LIMIT_W, OBJECTIVE_PARAM_PATTERN, parse_job
 from carbonflow.operators import (
     CarbonAwareTrainingOperator,
     DeliverHeldRunsOperator,
@@ -86,7 +86,7 @@ with DAG(
         "objective": Param(
             None,
             type=["null", "string"],
-            pattern=r"^(carbon|energy|time|edp|eds:[0-9.]+|zeus:[0-9.]+)$",
+            pattern=OBJECTIVE_PARAM_PATTERN,
             description="carbon, energy, time, edp, eds:<k>, zeus:<eta>; empty: the job's own",
         ),
         "max_slowdown": Param(

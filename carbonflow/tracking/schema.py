@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from carbonflow.models import OBJECTIVES_HELP
+
 EXPERIMENT_PREFIX = "carbonflow/"
 MODEL_NAME_PREFIX = "carbonflow-"
 
@@ -212,7 +214,7 @@ SCHEMA: tuple[SchemaEntry, ...] = (
     SchemaEntry(P_REGION, "param", "training", "grid or cloud region"),
     SchemaEntry(P_FORECAST_PROVIDER, "param", "training", "carbon-intensity provider that answered"),
     SchemaEntry(P_SIGNAL_KIND, "param", "training", "average-direct, average-lifecycle, marginal or `none`"),
-    SchemaEntry(P_OBJECTIVE, "param", "training", "carbon, energy, time, edp, eds:k or zeus:η"),
+    SchemaEntry(P_OBJECTIVE, "param", "training", f"what the plan minimised, {OBJECTIVES_HELP}"),
     SchemaEntry(P_COLOCATED_JOBS, "param", "training", "jobs sharing the GPU, comma-separated, `none` if alone"),
     SchemaEntry(P_PLAN_REASON, "param", "training", "the planner's one-line reason"),
     SchemaEntry(P_REPLANS, "param", "training", "times the start moved after a wake-up re-plan"),
