@@ -74,10 +74,10 @@ def _runs_table(runs: list[RunRow]) -> str:
     head = (
         "<tr><th>job</th><th>started (UTC)</th><th>config</th><th>duration s</th><th>energy</th>"
         "<th>emissions CO2e</th><th>intensity g/kWh</th><th>test accuracy</th><th>saving CO2e</th>"
-        "<th>saving %</th><th>labels</th><th>run</th></tr>"
+        "<th>saving %</th><th>labels</th><th>carbon source</th><th>run</th></tr>"
     )
     if not runs:
-        empty = '<tr class="empty"><td colspan="12">No training runs yet.</td></tr>'
+        empty = '<tr class="empty"><td colspan="13">No training runs yet.</td></tr>'
         return f'<table id="runs-table">{head}{empty}</table>'
     rows = []
     for r in runs:
@@ -88,6 +88,7 @@ def _runs_table(runs: list[RunRow]) -> str:
             f"<td>{_grams(r.emissions_g)}</td><td>{_fmt(r.intensity_gco2_per_kwh, '.0f')}</td>"
             f"<td>{_fmt(r.test_accuracy, '.3f')}</td><td>{_grams(r.saving_g)}</td>"
             f'<td>{format_saving(r.saving_fraction)}</td><td class="text">{_badges(r)}</td>'
+            f'<td class="text source">{escape(r.forecast_provider) or "–"}</td>'
             f'<td class="text"><code>{escape(r.run_id[:8])}</code></td></tr>'
         )
     return f'<table id="runs-table">{head}{"".join(rows)}</table>'
@@ -119,6 +120,10 @@ def render_page(data: PageData, static_prefix: str = "static") -> str:
     if fc is not None:
         replay = '<span class="badge replay">replay</span>' if fc.replay else ""
         fc_line = (
+            f'<p class="sub" id="carbon-source">Carbon source: <b id="carbon-source-name">{escape(fc.provider)}</b>'
+            " — what the training tasks use, with the same fallbacks (each run's own source is in the table)</p>"
+        )
+        fc_line += (
             f'<p class="sub" id="forecast-source">{escape(fc.region)} — {escape(fc.provider)} '
             f"({escape(fc.signal_kind)}), issued {fc.issued_at:%Y-%m-%d %H:%M} UTC{replay}</p>"
         )

@@ -5,7 +5,8 @@
 * :func:`airflow_upcoming` — jobs whose ``CarbonAwareTrainingOperator`` is waiting (deferred), with the
   plan and forecast it carries in its trigger state; only available inside Airflow.
 * :func:`page_forecast` — the forecast to draw: the one the waiting jobs planned on, else a fresh one from
-  the carbon chain (replay of shipped data by default, labelled so).
+  the carbon source the training tasks use (:func:`tasks_carbon_source`: ``$CARBONFLOW_REPLAY``, else the
+  live chain with its fallbacks), named on the page.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from carbonflow.units import J_PER_KWH
 
 log = logging.getLogger(__name__)
 
-CARBON_MODE_ENV = "CARBONFLOW_CARBON_MODE"  # "replay" (default: shipped data, offline) or "live"
+CARBON_MODE_ENV = "CARBONFLOW_CARBON_MODE"  # validated; ignored (with a note) when the tasks use the other source
 UI_REGION_ENV = "CARBONFLOW_UI_REGION"
 
 
@@ -322,31 +323,81 @@ def airflow_upcoming(limit: int = 50) -> list[UpcomingJob]:
 
 
 def _mode() -> str:
-    mode = os.environ.get(CARBON_MODE_ENV, "replay").lower()
-    if mode not in ("replay", "live"):
+    """``$CARBONFLOW_CARBON_MODE`` as given ("" when unset); a value other than replay or live is refused."""
+    mode = os.environ.get(CARBON_MODE_ENV, "").strip().lower()
+    if mode not in ("", "replay", "live"):
         raise ValueError(f"{CARBON_MODE_ENV}={mode!r} is not allowed; use 'replay' or 'live'")
     return mode
 
 
-def page_forecast(upcoming: list[UpcomingJob], region: str | None = None, now: datetime | None = None) -> Forecast:
-    """The forecast to draw: the latest one a waiting job planned on (its region), else one from the chain.
+@dataclass(frozen=True)
+class TasksCarbonSource:
+    """The carbon source the training tasks use, resolved as they resolve it, and how to name it on the page."""
 
-    In replay mode (the default, offline) the chain serves the shipped NESO GB replay and ``now`` is mapped
-    to the start of the replayed period; the forecast says ``replay``.
+    source: Any
+    """A :class:`~carbonflow.session.source.CarbonSource`: replay, or the live chain with its fallbacks."""
+    mode: str
+    """``replay`` or ``live``."""
+    why: str
+    """What decided it, e.g. ``CARBONFLOW_REPLAY=1``."""
+    notes: list[str] = field(default_factory=list)
+
+
+def tasks_carbon_source() -> TasksCarbonSource:
+    """The carbon source a training task of this deployment uses when its DAG does not set ``replay``: the
+    operators' own resolution (:func:`carbonflow.operators.common.carbon_source`: ``$CARBONFLOW_REPLAY``, else
+    the live chain, keyed from Airflow connections, falling back to climatology and codecarbon's static
+    average). ``$CARBONFLOW_CARBON_MODE`` no longer chooses the page's source: when it says otherwise, a note
+    says it is ignored."""
+    from carbonflow.session.source import REPLAY_ENV, CarbonSource, replay_enabled
+
+    replay = replay_enabled(None)
+    if replay:
+        source = CarbonSource(replay=True)
+    else:
+        try:
+            from carbonflow.operators.common import carbon_source
+
+            source = carbon_source(None, None)
+        except ImportError:  # outside Airflow (tests, a bare install): the chain without connection keys
+            source = CarbonSource(replay=False)
+    raw = os.environ.get(REPLAY_ENV)
+    why = f"{REPLAY_ENV}={raw}" if raw not in (None, "") else f"{REPLAY_ENV} unset"
+    mode = "replay" if replay else "live"
+    notes = []
+    asked = _mode()
+    if asked and asked != mode:
+        notes.append(
+            f"{CARBON_MODE_ENV}={asked} is ignored: the page shows the carbon source the tasks use ({mode}, {why})"
+        )
+    return TasksCarbonSource(source=source, mode=mode, why=why, notes=notes)
+
+
+def source_label(forecast: Forecast) -> str:
+    """How the page names a forecast's carbon source: the provider that answered (``static:codecarbon``,
+    ``replay:neso-gb-2023-03``, ``neso``...)."""
+    return forecast.provider
+
+
+def page_forecast(upcoming: list[UpcomingJob], region: str | None = None, now: datetime | None = None) -> Forecast:
+    """The forecast to draw: the latest one a waiting job planned on (its region), else the one a task would get
+    now from the tasks' own carbon source (:func:`tasks_carbon_source`), fallbacks included.
+
+    In replay ``now`` is mapped to an evening of the replayed period (as a task's clock is); the forecast says
+    ``replay``. Live, offline, the chain falls back as a task's does (down to the static annual average), and
+    its notes say which provider decided and why each earlier one was skipped.
     """
     with_forecast = [j for j in upcoming if j.forecast is not None and (region is None or j.plan.region == region)]
     if with_forecast:
         return max(with_forecast, key=lambda j: j.forecast.issued_at).forecast  # type: ignore[union-attr]
-    from carbonflow.carbon.chain import default_chain
+    from carbonflow.session.source import DEFAULT_REPLAY_EVENING_H
 
     region = region or os.environ.get(UI_REGION_ENV, "GB")
-    if _mode() == "replay":
-        from carbonflow.carbon.replay import ReplayProvider
-
-        first, _last = ReplayProvider.default().replay_window()
-        start = now or first
-        chain = default_chain(replay=True)
+    tasks = tasks_carbon_source()
+    if tasks.mode == "replay":
+        start = now or tasks.source.replay_window(region)[0] + timedelta(hours=DEFAULT_REPLAY_EVENING_H)
     else:
         start = now or datetime.now(UTC)
-        chain = default_chain()
-    return chain.forecast(region, start, start + timedelta(hours=24), now=start)
+    forecast = tasks.source.forecast(region, start, start + timedelta(hours=24))
+    label = f"the tasks' carbon source: {tasks.mode} ({tasks.why})"
+    return forecast.model_copy(update={"notes": [label, *tasks.notes, *forecast.notes]})
