@@ -49,8 +49,8 @@ lint: install
 device-wheels:  ## wheels a GPU machine without network needs for benchmarks/gpu_check.py, into .whl/ (docs/gpu-check.md)
 	@bash scripts/device-wheels.sh .whl
 
-serve: install  ## start Airflow (api-server, scheduler, dag-processor, triggerer) and an MLflow server
-	@bash scripts/serve.sh
+serve: install  ## start Airflow (api-server, scheduler, dag-processor, triggerer) and MLflow on dags/ (DAGS=dir: your own)
+	@CARBONFLOW_DAGS_FOLDER="$(if $(DAGS),$(abspath $(DAGS)),$${CARBONFLOW_DAGS_FOLDER:-})" bash scripts/serve.sh
 
 stop:  ## stop what `make serve` started
 	@bash scripts/stop.sh

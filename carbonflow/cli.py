@@ -8,6 +8,7 @@
 - ``carbonflow try -- CMD``: run a command under the wrapper (no plan to write) and print what it measured.
 - ``carbonflow report JOB``: compare a job's runs from MLflow (table + PNG).
 - ``carbonflow spool replay``: push runs spooled during a tracking outage to MLflow.
+- ``carbonflow serve --dags DIR``: the local Airflow UI (with the Carbon page) and MLflow on your DAG folder.
 """
 
 from __future__ import annotations
@@ -322,6 +323,41 @@ def dags_test(
     from carbonflow.settings import home_dir
 
     raise typer.Exit(run_dag_test(dag_file, home or home_dir(), dag_id=dag_id, live=live))
+
+
+@app.command()
+def serve(
+    dags: Annotated[Path | None, typer.Option(help="your DAG folder (Airflow's DAGs folder for this stack)")] = None,
+    home: Annotated[
+        Path | None,
+        typer.Option(help="state: Airflow DB, MLflow store, logs, the admin password file", show_default=HOME_DEFAULT),
+    ] = None,
+    port: Annotated[
+        int, typer.Option(help="Airflow UI/API port (127.0.0.1)", min=1, max=65535, envvar="CARBONFLOW_AIRFLOW_PORT")
+    ] = 8080,
+    mlflow_port: Annotated[
+        int, typer.Option(help="MLflow port (127.0.0.1)", min=1, max=65535, envvar="CARBONFLOW_MLFLOW_PORT")
+    ] = 5000,
+    live: Annotated[bool, typer.Option(help="live carbon APIs and the wall clock instead of the replay")] = False,
+    detach: Annotated[bool, typer.Option(help="start in the background and return (stop with --stop)")] = False,
+    stop: Annotated[bool, typer.Option(help="stop the stack running under --home")] = False,
+) -> None:
+    """Serve your DAG folder in the local Airflow UI (with the Carbon page) and MLflow, until Ctrl-C."""
+    from carbonflow.serve import ServeError, stop_stack
+    from carbonflow.serve import serve as serve_stack
+    from carbonflow.settings import home_dir
+
+    home = home or home_dir()
+    try:
+        if stop:
+            raise typer.Exit(stop_stack(home.resolve()))
+        if dags is None:
+            raise ServeError("--dags: missing; give the folder that holds your DAG files, e.g. --dags ./dags")
+        code = serve_stack(dags, home, airflow_port=port, mlflow_port=mlflow_port, live=live, detach=detach,
+                           echo=typer.echo)  # fmt: skip
+    except ServeError as err:
+        raise _refuse_file(str(err)) from None
+    raise typer.Exit(code)
 
 
 spool_app = typer.Typer(help="Runs kept locally while MLflow was unreachable.", no_args_is_help=True)

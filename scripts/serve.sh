@@ -14,7 +14,11 @@
 #   CARBONFLOW_VENV            virtualenv with carbonflow installed (default: <repo>/.venv)
 #   CARBONFLOW_START_TIMEOUT_S seconds to wait for health (default 240)
 #   CARBONFLOW_GPU_POOL, CARBONFLOW_GPU_POOL_SLOTS  the Airflow pool modelling GPU capacity (carbonflow_gpu, 2)
-#   CARBONFLOW_DAGS_FOLDER     the DAGs to serve (default: <repo>/dags)
+#   CARBONFLOW_DAGS_FOLDER     the DAGs to serve (default: <repo>/dags); `carbonflow serve --dags DIR` sets it
+#   CARBONFLOW_DAGS_PAUSED_AT_CREATION  False (default: a local stack runs a DAG as soon as it is parsed, so a
+#                              triggered run never sits queued behind a pause) or True
+#   CARBONFLOW_REPLAY          1 (default: the shipped NESO GB replay, offline, as `carbonflow dags test`) or 0
+#                              (live carbon APIs and the wall clock); the tasks and the Carbon page both use it
 #   CARBONFLOW_EXECUTOR        local (default: LocalExecutor) or celery (CeleryExecutor: needs a PostgreSQL
 #                              CARBONFLOW_AIRFLOW_DB_URL and a broker)
 #   CARBONFLOW_CELERY_BROKER_URL   the Celery broker (default redis://127.0.0.1:6379/0)
@@ -62,6 +66,23 @@ for port in "$AIRFLOW_PORT" "$MLFLOW_PORT"; do
     exit 1
   fi
 done
+
+DAGS_FOLDER="${CARBONFLOW_DAGS_FOLDER:-$REPO/dags}"
+if [[ ! -d "$DAGS_FOLDER" ]]; then
+  echo "serve: CARBONFLOW_DAGS_FOLDER=$DAGS_FOLDER is not a folder; give the folder holding your DAG files" >&2
+  exit 2
+fi
+DAGS_FOLDER="$(cd "$DAGS_FOLDER" && pwd)"
+case "${CARBONFLOW_DAGS_PAUSED_AT_CREATION:-False}" in
+  False|false|0) PAUSED=False ;;
+  True|true|1) PAUSED=True ;;
+  *) echo "serve: CARBONFLOW_DAGS_PAUSED_AT_CREATION='$CARBONFLOW_DAGS_PAUSED_AT_CREATION' is not allowed; use False or True" >&2; exit 2 ;;
+esac
+case "${CARBONFLOW_REPLAY:-1}" in
+  1|true|yes) REPLAY=1; CARBON_WORDS="replay of the shipped NESO GB data (March 2023)" ;;
+  0|false|no) REPLAY=0; CARBON_WORDS="live carbon APIs, falling back to climatology and a static annual average" ;;
+  *) echo "serve: CARBONFLOW_REPLAY='$CARBONFLOW_REPLAY' is not allowed; use 1 (replay) or 0 (live)" >&2; exit 2 ;;
+esac
 
 EXECUTOR="${CARBONFLOW_EXECUTOR:-local}"
 case "$EXECUTOR" in
@@ -120,7 +141,9 @@ rm -f "$HOME_DIR/stack.env"
 cat > "$HOME_DIR/stack.env" <<EOF
 export CARBONFLOW_HOME="$HOME_DIR"
 export AIRFLOW_HOME="$AIRFLOW_HOME_DIR"
-export AIRFLOW__CORE__DAGS_FOLDER="${CARBONFLOW_DAGS_FOLDER:-$REPO/dags}"
+export AIRFLOW__CORE__DAGS_FOLDER="$DAGS_FOLDER"
+export AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION=$PAUSED
+export CARBONFLOW_REPLAY=$REPLAY
 export AIRFLOW__CORE__PLUGINS_FOLDER="$REPO/plugins"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
 export AIRFLOW__CORE__EXECUTOR=$EXECUTOR_CLASS
@@ -241,8 +264,10 @@ serve: stack is up (listening on 127.0.0.1 only)
   Airflow UI      http://127.0.0.1:$AIRFLOW_PORT   (Carbon page under Browse → Carbon)
   Airflow admin   $WHO
   Carbon page     http://127.0.0.1:$AIRFLOW_PORT/carbonflow/carbon
+  DAGs folder     $DAGS_FOLDER   (new DAGs start unpaused: $( [[ $PAUSED == False ]] && echo yes || echo no ))
+  carbon source   $CARBON_WORDS (CARBONFLOW_REPLAY=$REPLAY; tasks and Carbon page alike)
   MLflow          http://127.0.0.1:$MLFLOW_PORT   (no login: reachable from this machine only)
   REST API token  $TOKEN
   environment     source $HOME_DIR/stack.env
-  stop            scripts/stop.sh
+  stop            ${CARBONFLOW_STOP_HINT:-make stop (scripts/stop.sh)}
 EOF
