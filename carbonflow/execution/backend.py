@@ -12,6 +12,9 @@ blocking a caller that must not block (an Airflow task that defers while pods tr
   a :class:`SharedRun` for a co-located pair. It raises :class:`ExecutionError` (or a subclass) when
   the run produced no result.
 * :meth:`Backend.cancel` stops a run; the wrapper restores power limits on the way out.
+* :meth:`Backend.rebuild_options` is what another process passes to :func:`make_backend` (with the backend's
+  name) to rebuild this backend: the Airflow triggerer polls a deferred task's runs so
+  (``carbonflow.operators.triggers.BackendRunTrigger``, one trigger for every backend that can defer).
 
 :func:`run_to_completion` is the blocking form (start → wait → collect) for callers that may block,
 such as a local training task that owns its worker's GPUs for the run's whole length.
@@ -91,6 +94,8 @@ class Backend(Protocol):
     def cancel(self, handle: RunHandle) -> None: ...
 
     def execute(self, spec: JobSpec, plan: Plan, options: RunOptions | None = None, **fields: Any) -> WrappedRun: ...
+
+    def rebuild_options(self) -> dict[str, Any]: ...
 
 
 def run_options(options: RunOptions | None, fields: dict[str, Any], **defaults: Any) -> RunOptions:

@@ -19,7 +19,7 @@ from airflow.sdk import BaseOperator
 from carbonflow.energy.lease import safe_name
 from carbonflow.models import JobSpec, Profile, parse_job
 from carbonflow.operators.common import WarningCallback, carbon_source, home, state_with_connection_env, tell
-from carbonflow.operators.triggers import CarbonWindowTrigger, KubernetesRunTrigger
+from carbonflow.operators.triggers import BackendRunTrigger, CarbonWindowTrigger
 from carbonflow.session import CarbonSource, RunSession, SessionClock, WaitState
 from carbonflow.session.clock import DEFAULT_DEADLINE_TIME_UTC, next_deadline
 from carbonflow.session.source import finish_by_on_clock, session_clock
@@ -58,7 +58,8 @@ class CarbonAwareTrainingOperator(BaseOperator):
     :param on_warning_callback: called as ``callback(context, message)`` (one, or a list) for what an operator
         should hear although the task succeeds: a run that ended after its finish-by, a run record held because
         MLflow was unreachable. A power limit that could not be restored fails the task (``on_failure_callback``).
-    :param pod_poll_s: on Kubernetes, how often the triggerer checks the training pod while the task is deferred.
+    :param pod_poll_s: on a backend whose runs outlive the task (Kubernetes), how often the triggerer polls the
+        run (``BackendRunTrigger``, through the backend's ``poll``) while the task is deferred.
     :param backend: ``local`` (processes on the worker) or ``kubernetes`` (pods/jobs; settings in ``kubernetes``:
         KubernetesSettings fields plus ``config_file``, ``context``, ``in_cluster``).
     """
@@ -217,17 +218,17 @@ class CarbonAwareTrainingOperator(BaseOperator):
         self._running = session
         launched = state_with_connection_env(state)  # the training's declared secrets: launched, never stored
         handles = session.start_deferred(launched) if self.deferrable else None
-        if handles:  # pods train: wait for them in the triggerer, not in a worker slot
+        if handles:  # the runs outlive this process (pods): wait for them in the triggerer, not in a worker slot
             self.defer(
-                trigger=KubernetesRunTrigger([h.model_dump(mode="json") for h in handles], session.connection(),
-                                             state=state.model_dump(mode="json"), clock_offset_s=clock.offset_s,
-                                             poll_s=self.pod_poll_s, backend_options=session.backend_options()),
+                trigger=BackendRunTrigger(self.backend, [h.model_dump(mode="json") for h in handles],
+                                          session.backend_options(), state=state.model_dump(mode="json"),
+                                          clock_offset_s=clock.offset_s, poll_s=self.pod_poll_s),
                 method_name="execute_run_ended",
             )  # fmt: skip
         return self._report(context, session.launch(launched, clock))
 
     def execute_run_ended(self, context: Any, event: dict[str, Any]) -> Any:
-        """The pod (or Job) ended: collect its measurements here, on whichever worker resumed, and log them."""
+        """The run (a pod or Job) ended: collect its measurements here, on whichever worker resumed, and log them."""
         state = WaitState.read(event["state"])
         session = self._session(context, carbon_source(self.replay, self.conn_ids))
         self.log.info("%s ended (%s)", state.label, event.get("message"))

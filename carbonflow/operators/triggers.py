@@ -85,54 +85,64 @@ class CarbonWindowTrigger(BaseTrigger):
         )
 
 
-class KubernetesRunTrigger(BaseTrigger):
-    """Fire when a group's pods (or every rank of their Indexed Jobs) have ended; the task holds no slot meanwhile.
+class BackendRunTrigger(BaseTrigger):
+    """Fire when every run in ``handles`` has finished; the task holds no worker slot meanwhile.
 
-    Polls with the cncf-kubernetes provider's :class:`AsyncKubernetesHook`. ``handles`` are the backend's
-    :class:`~carbonflow.execution.backend.RunHandle` s as JSON (one per job; a co-located pair has two pods on
-    one time-sliced GPU), ``state`` the session's wait state; both come back in the event, so the resumed task
-    collects, accounts and logs the runs on any worker.
+    Generic over backends: it rebuilds the runs' backend (``backend``, by its registered name, from
+    ``backend_options``, what the backend's ``rebuild_options()`` gave) and asks it through the
+    :class:`~carbonflow.execution.backend.Backend` contract's ``poll`` whether each run has finished, so whatever
+    a backend counts as finished (a pod Succeeded or Failed, a Job Complete or Failed, an image that cannot be
+    pulled) is decided in one place, the backend. ``handles`` are the backend's
+    :class:`~carbonflow.execution.backend.RunHandle` s as JSON (one per job; a co-located pair has two pods on one
+    time-sliced GPU), ``state`` the caller's state as JSON (a training's wait state, a profile's sweep so far);
+    both come back in the event, so the resumed task collects, accounts and logs the runs on any worker.
     """
 
     def __init__(
         self,
+        backend: str,
         handles: list[dict[str, Any]],
-        connection: dict[str, Any],
+        backend_options: dict[str, Any] | None = None,
         state: dict[str, Any] | None = None,
         clock_offset_s: float = 0.0,
         poll_s: float = 10.0,
-        backend_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        self.backend = backend
         self.handles = handles
-        self.connection = connection
+        self.backend_options = backend_options
         self.state = state
         self.clock_offset_s = float(clock_offset_s)
         self.poll_s = float(poll_s)
-        self.backend_options = backend_options
         self._fired = False
         if self.poll_s <= 0:
             raise ValueError(f"poll_s={poll_s} is not allowed; it must be > 0")
+        if not handles:
+            raise ValueError("handles=[] is not allowed; give the started run(s) to wait for")
+        others = sorted({str(h.get("backend")) for h in handles} - {backend})
+        if others:
+            raise ValueError(f"handles of backend(s) {', '.join(others)} given to a trigger of backend={backend!r}")
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
-            "carbonflow.operators.triggers.KubernetesRunTrigger",
-            {"handles": self.handles, "connection": self.connection, "state": self.state,
-             "clock_offset_s": self.clock_offset_s, "poll_s": self.poll_s, "backend_options": self.backend_options},
+            "carbonflow.operators.triggers.BackendRunTrigger",
+            {"backend": self.backend, "handles": self.handles, "backend_options": self.backend_options,
+             "state": self.state, "clock_offset_s": self.clock_offset_s, "poll_s": self.poll_s},
         )  # fmt: skip
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+        from carbonflow.execution.backend import RunHandle
 
-        hook = AsyncKubernetesHook(**self.connection)
-        pending = list(range(len(self.handles)))
+        backend = await asyncio.to_thread(_rebuild, self.backend, self.backend_options)
+        handles = [RunHandle.model_validate(h) for h in self.handles]
+        pending = list(range(len(handles)))
         messages: dict[int, str] = {}
         while pending:
             for i in list(pending):
-                details = self.handles[i]["details"]
                 try:
-                    ended, message = await self._ended(hook, details)
-                except Exception as err:  # the pod is gone or the API refuses: the task decides (collect raises)
+                    status = await asyncio.to_thread(backend.poll, handles[i])
+                    ended, message = status.state == "finished", status.message
+                except Exception as err:  # the run is gone or the backend refuses: the task decides (collect raises)
                     ended, message = True, f"{type(err).__name__}: {err}"
                 if ended:
                     pending.remove(i)
@@ -145,44 +155,56 @@ class KubernetesRunTrigger(BaseTrigger):
                             "clock_offset_s": self.clock_offset_s})  # fmt: skip
 
     async def on_kill(self) -> None:
-        """A user marked or cleared the deferred task: stop its pods as the task's ``on_kill`` would.
+        """A user marked or cleared the deferred task: stop its runs as the task's ``on_kill`` would.
 
         Airflow (3.3+) calls this only for a user's kill, never on a triggerer restart or after the event
-        fired. Each run is cancelled through the backend: its pods are deleted (the wrapper restores the
-        GPU's limit in the grace period), waited for, and a restore pod replays any journal they left.
+        fired. Each run is cancelled through the backend's ``cancel`` (on Kubernetes: its pods are deleted — the
+        wrapper restores the GPU's limit in the grace period —, waited for, and a restore pod replays any journal
+        they left).
         """
-        if self._fired or self.backend_options is None:
+        if self._fired:
             return
         for handle in self.handles:
             try:
-                await asyncio.to_thread(_cancel_run, self.backend_options, handle)
-                self.log.info("cancelled %s: its pods are gone and its GPUs' limits restored", handle.get("run_id"))
+                await asyncio.to_thread(_cancel_run, self.backend, self.backend_options, handle)
+                self.log.info("cancelled %s: its runs are gone and its GPUs' limits restored", handle.get("run_id"))
             except Exception:  # the triggerer ignores on_kill's errors: say what is left
                 self.log.exception("cancelling %s did not finish cleanly", handle.get("run_id"))
 
-    @staticmethod
-    async def _ended(hook: Any, details: dict[str, str]) -> tuple[bool, str]:
-        from carbonflow.execution.kubernetes import FATAL_WAITING_REASONS
 
-        namespace = details["namespace"]
-        if details.get("pod"):
-            pod = await hook.get_pod(details["pod"], namespace)
-            phase = pod.status.phase if pod.status else None
-            statuses = (pod.status.container_statuses or []) if pod.status else []
-            reasons = [c.state.waiting.reason for c in statuses if c.state and c.state.waiting]
-            waiting = [r for r in reasons if r in FATAL_WAITING_REASONS]
-            return phase in ("Succeeded", "Failed") or bool(waiting), ", ".join(waiting) or str(phase)
-        job = await hook.get_job_status(details["job"], namespace)
-        conditions = {c.type: c.status for c in (job.status.conditions or [])} if job.status else {}
-        ended = "True" in (conditions.get("Complete"), conditions.get("Failed"))
-        return ended, "Complete" if conditions.get("Complete") == "True" else str(conditions)
+class KubernetesRunTrigger(BackendRunTrigger):
+    """What carbonflow 0.2 deferred on (kept so that a task deferred before an upgrade resumes after it): a
+    :class:`BackendRunTrigger` of the ``kubernetes`` backend, taking 0.2's arguments. New deferrals use
+    :class:`BackendRunTrigger`; ``connection`` (the provider hook's arguments) only fills in how to reach the
+    cluster when ``backend_options`` is missing."""
+
+    def __init__(
+        self,
+        handles: list[dict[str, Any]],
+        connection: dict[str, Any] | None = None,
+        state: dict[str, Any] | None = None,
+        clock_offset_s: float = 0.0,
+        poll_s: float = 10.0,
+        backend_options: dict[str, Any] | None = None,
+    ) -> None:
+        if backend_options is None and connection:
+            extras = connection.get("connection_extras") or {}
+            backend_options = {"config_file": extras.get("kube_config_path"), "context": connection.get(
+                "cluster_context"), "in_cluster": bool(extras.get("in_cluster", False))}  # fmt: skip
+        super().__init__("kubernetes", handles, backend_options, state, clock_offset_s, poll_s)
 
 
-def _cancel_run(backend_options: dict[str, Any], handle: dict[str, Any]) -> None:
+def _rebuild(name: str, options: dict[str, Any] | None) -> Any:
+    """The backend called ``name``, rebuilt in this process (the triggerer) from its ``rebuild_options()``."""
     import tempfile
     from pathlib import Path
 
-    from carbonflow.execution.backend import RunHandle, make_backend
+    from carbonflow.execution.backend import make_backend
 
-    with tempfile.TemporaryDirectory(prefix="carbonflow-cancel-") as workdir:
-        make_backend("kubernetes", Path(workdir), dict(backend_options)).cancel(RunHandle.model_validate(handle))
+    return make_backend(name, Path(tempfile.gettempdir()) / "carbonflow-trigger", dict(options or {}) or None)
+
+
+def _cancel_run(name: str, options: dict[str, Any] | None, handle: dict[str, Any]) -> None:
+    from carbonflow.execution.backend import RunHandle
+
+    _rebuild(name, options).cancel(RunHandle.model_validate(handle))

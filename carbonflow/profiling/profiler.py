@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from carbonflow.energy.device import Device
 from carbonflow.execution.backend import RunOptions
 from carbonflow.execution.shared import SharedMember, SharedRequest, SharedRun, contention_note
@@ -169,21 +171,61 @@ def profile_job(
     on_progress: Callable[[str, int, int], None] | None = None,
 ) -> Profile:
     """Profile ``spec`` and return its Profile; ``on_progress(config_key, done, planned)`` reports progress."""
-    gpus = [d for d in devices if d.kind == "gpu"]
-    gpu = gpus[0] if gpus else None
-    limits = candidate_power_limits_w(spec, gpu, step_w)
-    counts = list(range(spec.min_containers, spec.max_containers + 1))
-    planned = len(counts) * len(limits)
-    label = (
-        "simulated"
-        if any(d.label == "simulated" for d in devices)
-        else ("estimated" if any(d.label == "estimated" for d in devices) else "measured")
-    )
-    done = 0
-    stop_below = 1 / (1 + 2 * spec.max_slowdown)
-    points: list[ProfilePoint] = []
-    window_notes: list[str] = []  # configurations measured over less than asked: the profile says so
-    for count in counts:
+    sweep = ProfileSweep(spec, devices, samples_per_epoch=samples_per_epoch, step_w=step_w, on_progress=on_progress)
+    while (planned := sweep.next_run()) is not None:
+        sweep.add(backend.execute(spec, *planned))
+    return sweep.profile()
+
+
+class SweepState(BaseModel):
+    """A profile's sweep so far, as JSON: what a task that waits between runs (deferred) carries."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job: str
+    runs_done: int = 0
+    points: list[ProfilePoint] = Field(default_factory=list)
+    window_notes: list[str] = Field(default_factory=list)
+
+
+class ProfileSweep:
+    """:func:`profile_job` one run at a time: :meth:`next_run` gives the next container count's plan and options
+    (None when all ran), :meth:`add` takes what it measured, :meth:`profile` makes the profile. ``state`` (a
+    :class:`SweepState`) lets a caller that waits for each run elsewhere (a deferred Airflow task on Kubernetes)
+    pick the sweep up again on another worker."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        devices: list[Device],
+        *,
+        samples_per_epoch: int | None = None,
+        step_w: float = DEFAULT_STEP_W,
+        on_progress: Callable[[str, int, int], None] | None = None,
+        state: SweepState | None = None,
+    ) -> None:
+        self.spec, self.devices = spec, devices
+        self.samples_per_epoch, self.on_progress = samples_per_epoch, on_progress
+        gpus = [d for d in devices if d.kind == "gpu"]
+        self.gpu = gpus[0] if gpus else None
+        self.limits = candidate_power_limits_w(spec, self.gpu, step_w)
+        self.counts = list(range(spec.min_containers, spec.max_containers + 1))
+        self.planned = len(self.counts) * len(self.limits)
+        self.label = (
+            "simulated"
+            if any(d.label == "simulated" for d in devices)
+            else ("estimated" if any(d.label == "estimated" for d in devices) else "measured")
+        )
+        self.stop_below = 1 / (1 + 2 * spec.max_slowdown)
+        self.state = state or SweepState(job=spec.name)
+        if self.state.job != spec.name:
+            raise ValueError(f"a sweep state of job {self.state.job!r} given to profile {spec.name!r}")
+
+    def next_run(self) -> tuple[Plan, RunOptions] | None:
+        """The next container count's plan and run options, or None when every count ran."""
+        if self.state.runs_done >= len(self.counts):
+            return None
+        spec, count, limits = self.spec, self.counts[self.state.runs_done], self.limits
         plan = Plan(
             job=spec.name, config=Config(containers=count, power_limit_w=limits[0]), start=utcnow(),
             predicted_duration_s=0, predicted_energy_j=0, predicted_emissions_g=0, region=spec.region,
@@ -192,9 +234,13 @@ def profile_job(
         sweep = [w for w in limits if w is not None]
         options = RunOptions(
             run_name=f"profile-c{count}", profile_steps=spec.profile_steps, warmup_steps=spec.profile_warmup_steps,
-            trace=False, sweep_limits_w=sweep or None, stop_below_fraction=stop_below if sweep else None,
+            trace=False, sweep_limits_w=sweep or None, stop_below_fraction=self.stop_below if sweep else None,
         )  # fmt: skip
-        run = backend.execute(spec, plan, options)
+        return plan, options
+
+    def add(self, run: WrappedRun) -> None:
+        """What the run :meth:`next_run` planned measured: one point per swept limit (ProfilingError when nothing)."""
+        spec, count = self.spec, self.counts[self.state.runs_done]
         if run.steps == 0:  # found at the first attempt, not once per container count
             raise ProfilingError(silent_job_message(spec, run))
         if run.exit_code != 0:
@@ -204,11 +250,10 @@ def profile_job(
             )
         for window in run.windows:
             config = Config(containers=count, power_limit_w=window.power_limit_w)
-            point = _point(window, config, label, spec.name)
-            points.append(point)
-            done += 1
-            if on_progress:
-                on_progress(config.key(), done, planned)
+            point = _point(window, config, self.label, spec.name)  # type: ignore[arg-type]
+            self.state.points.append(point)
+            if self.on_progress:
+                self.on_progress(config.key(), len(self.state.points), self.planned)
             log.info(
                 "profiled %s: %.1f samples/s, %.4f J/sample", config.key(), point.throughput_samples_per_s,
                 point.energy_per_sample_j,
@@ -217,29 +262,34 @@ def profile_job(
         for note in short:
             log.warning("%s, %d container(s): %s", spec.name, count, note)
             if note.startswith(WINDOW_TOO_SHORT):
-                warnings.warn(f"{spec.name}, {count} container(s): {note}", ProfileWindowTooShort, stacklevel=2)
-        window_notes += short
-        if len(run.windows) < len(limits):
+                warnings.warn(f"{spec.name}, {count} container(s): {note}", ProfileWindowTooShort, stacklevel=3)
+        self.state.window_notes += short
+        if len(run.windows) < len(self.limits):
             log.info("%d container(s): sweep stopped early (slower than max_slowdown allows)", count)
-    if not points:
-        raise ProfilingError(f"profiling {spec.name} measured nothing; does the training report progress?")
-    noise = noise_note(points)
-    if noise:
-        log.warning("%s: %s", spec.name, noise)
-    default_w = gpu.default_power_limit_w() if gpu is not None and gpu.supports_power_limit else None
-    max_power_w = gpu.power_limit_constraints_w()[1] if gpu is not None and gpu.supports_power_limit else None
-    return Profile(
-        job=spec.name,
-        device_model=gpu.model if gpu is not None else next((d.model for d in devices if d.kind == "cpu"), "cpu"),
-        device_kind="gpu" if gpu is not None else "cpu",
-        label=label,  # type: ignore[arg-type]
-        code_version=spec.code_version,
-        default_power_limit_w=default_w,
-        max_power_w=max_power_w,
-        samples_per_epoch=samples_per_epoch,
-        points=points,
-        notes=[*window_notes, *([noise] if noise else [])],
-    )
+        self.state.runs_done += 1
+
+    def profile(self) -> Profile:
+        """The profile of every point measured (ProfilingError when there is none)."""
+        spec, gpu, devices, points = self.spec, self.gpu, self.devices, self.state.points
+        if not points:
+            raise ProfilingError(f"profiling {spec.name} measured nothing; does the training report progress?")
+        noise = noise_note(points)
+        if noise:
+            log.warning("%s: %s", spec.name, noise)
+        default_w = gpu.default_power_limit_w() if gpu is not None and gpu.supports_power_limit else None
+        max_power_w = gpu.power_limit_constraints_w()[1] if gpu is not None and gpu.supports_power_limit else None
+        return Profile(
+            job=spec.name,
+            device_model=gpu.model if gpu is not None else next((d.model for d in devices if d.kind == "cpu"), "cpu"),
+            device_kind="gpu" if gpu is not None else "cpu",
+            label=self.label,  # type: ignore[arg-type]
+            code_version=spec.code_version,
+            default_power_limit_w=default_w,
+            max_power_w=max_power_w,
+            samples_per_epoch=self.samples_per_epoch,
+            points=list(points),
+            notes=[*self.state.window_notes, *([noise] if noise else [])],
+        )
 
 
 def pair_member(spec: JobSpec, plan: Plan, profile: Profile, min_kept_speed: float | None = None) -> SharedMember:

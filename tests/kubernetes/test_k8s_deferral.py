@@ -1,9 +1,9 @@
 """Finding: on Kubernetes the training task held its worker slot for the whole training (the backend waited
-synchronously). Now the task starts the pod, defers on a trigger that polls it with the cncf-kubernetes
-provider's AsyncKubernetesHook, and resumes, on any worker, to collect, account and log the run.
+synchronously). Now the task starts the pod, defers on the generic ``BackendRunTrigger`` that polls it through
+the backend contract (``KubernetesBackend.poll``), and resumes, on any worker, to collect, account and log the run.
 
 The cluster is the **fake** Kubernetes API (a real HTTP server speaking the API's JSON; no cluster can run
-here): the provider's async client and carbonflow's sync client both talk to it through a kubeconfig."""
+here): carbonflow's client talks to it through a kubeconfig."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from test_k8s_backend import container_result, signed
 
 from carbonflow.models import Config, Profile, ProfilePoint
 from carbonflow.operators.training import CarbonAwareTrainingOperator
-from carbonflow.operators.triggers import CarbonWindowTrigger, KubernetesRunTrigger
+from carbonflow.operators.triggers import BackendRunTrigger, CarbonWindowTrigger
 
 T0 = datetime(2023, 3, 14, 19, 0, tzinfo=UTC)  # inside the shipped NESO GB replay
 
@@ -62,7 +62,7 @@ def _until_pod_deferral(op: CarbonAwareTrainingOperator, context: dict[str, Any]
     except TaskDeferred as deferred:
         pending = deferred
     for _ in range(10):
-        if isinstance(pending.trigger, KubernetesRunTrigger):
+        if isinstance(pending.trigger, BackendRunTrigger):
             return pending
         assert isinstance(pending.trigger, CarbonWindowTrigger)
         event = asyncio.run(_fire(pending.trigger))
@@ -96,7 +96,7 @@ def test_the_task_defers_on_its_pod_and_another_worker_resumes_it(tmp_path) -> N
         assert deferred.method_name == "execute_run_ended"
         _, kwargs = trigger.serialize()  # the triggerer rebuilds it from its kwargs
         assert api.live("Pod"), "the pod exists while the task is deferred"
-        event = asyncio.run(_fire(KubernetesRunTrigger(**kwargs)))
+        event = asyncio.run(_fire(BackendRunTrigger(**kwargs)))
         assert event.payload["status"] == "ended" and event.payload["message"] == "Succeeded"
         resumed = _operator(api)  # another worker resumes: a fresh operator
         outcome = resumed.execute_run_ended(context, event.payload)
@@ -248,7 +248,7 @@ def _dag_test(
         if ti.task_id == "train":
             seen = {"state": _value(result.state), "db": _db_state(ti), "error": str(result.error or ""),
                     "trigger": getattr(result.msg, "classpath", "").rsplit(".", 1)[-1]}  # fmt: skip
-            if seen["trigger"] == "KubernetesRunTrigger":  # the worker is free; the pod trains on: watch it run
+            if seen["trigger"] == "BackendRunTrigger":  # the worker is free; the pod trains on: watch it run
                 deadline = datetime.now(UTC) + timedelta(seconds=30)
                 while _pod_phase(api) != "Running" and datetime.now(UTC) < deadline:
                     pass
@@ -292,7 +292,7 @@ def test_training_task_is_deferred_while_pod_runs(tmp_path, airflow_db, monkeypa
     states, observed, api = _dag_test(tmp_path, monkeypatch, "k8s_deferral_ok", behaviour)
     *waits, deferred, resumed = observed  # waits for the carbon window, then on its pod, then after the pod ended
     assert all(w["trigger"] == "CarbonWindowTrigger" for w in waits)
-    assert deferred["trigger"] == "KubernetesRunTrigger"
+    assert deferred["trigger"] == "BackendRunTrigger"
     assert deferred["state"] == deferred["db"] == "deferred"
     assert deferred["pod"] == "Running" and deferred["db_while_pod_runs"] == "deferred"
     assert resumed["state"] == "success" and resumed["error"] == ""
@@ -311,7 +311,7 @@ def test_through_dag_test_a_failed_pod_fails_the_training_task_with_its_exit_rea
 
     states, observed, api = _dag_test(tmp_path, monkeypatch, "k8s_deferral_failed", behaviour)
     *_, deferred, resumed = observed
-    assert deferred["trigger"] == "KubernetesRunTrigger"
+    assert deferred["trigger"] == "BackendRunTrigger"
     assert deferred["state"] == "deferred" and deferred["pod"] == "Running"
     assert deferred["db_while_pod_runs"] == "deferred"
     assert resumed["state"] == "failed"
@@ -336,11 +336,11 @@ def test_a_user_killing_the_deferred_task_deletes_its_pod_through_the_trigger(tm
         _, kwargs = deferred.trigger.serialize()
         assert kwargs["backend_options"]["namespace"] == "ml", "the triggerer can rebuild the backend"
         assert api.live("Pod"), "the pod trains while the task is deferred"
-        fired = KubernetesRunTrigger(**kwargs)
+        fired = BackendRunTrigger(**kwargs)
         fired._fired = True
         asyncio.run(fired.on_kill())  # after the event: the resumed task owns the pod
         assert api.live("Pod") and not api.deleted, "a trigger that fired must not delete the pod"
-        asyncio.run(KubernetesRunTrigger(**kwargs).on_kill())
+        asyncio.run(BackendRunTrigger(**kwargs).on_kill())
         assert not api.live("Pod"), "the user's kill deleted the pod and waited until it was gone"
         assert any(kind == "Pod" for kind, *_ in api.deleted)
     finally:

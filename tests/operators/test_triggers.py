@@ -6,9 +6,11 @@ import importlib
 import inspect
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 import carbonflow.operators.triggers as triggers_module
 from carbonflow.models import Config, JobSpec, Plan
-from carbonflow.operators.triggers import CarbonWindowTrigger, KubernetesRunTrigger
+from carbonflow.operators.triggers import BackendRunTrigger, CarbonWindowTrigger, KubernetesRunTrigger
 from carbonflow.session import GroupMember, WaitState
 from carbonflow.workloads.catalog import DIGITS_CNN
 
@@ -45,25 +47,49 @@ def test_carbon_window_trigger_round_trips_with_its_typed_wait_state() -> None:
     )
 
 
-def test_kubernetes_run_trigger_round_trips_with_its_handle_connection_and_state() -> None:
+def _handle():  # type: ignore[no-untyped-def]
     from carbonflow.execution.backend import RunHandle
 
-    handle = RunHandle(backend="kubernetes", run_id="cf-x-1", jobs=["digits-cnn"],
-                       details={"namespace": "ml", "name": "cf-x-1", "kind": "Pod", "pod": "cf-x-1", "job": "",
-                                "created": "[]", "spec": "{}", "lowers_power": "false"})  # fmt: skip
-    connection = {
-        "conn_id": None,
-        "connection_extras": {"kube_config_path": "/etc/kube/config"},
-        "cluster_context": None,
-    }
-    state = _state()
-    trigger = KubernetesRunTrigger([handle.model_dump(mode="json")], connection, state=state.model_dump(mode="json"),
-                                   clock_offset_s=-5.0, poll_s=2.0,
-                                   backend_options={"namespace": "ml", "config_file": "/etc/kube/config"})  # fmt: skip
+    return RunHandle(backend="kubernetes", run_id="cf-x-1", jobs=["digits-cnn"],
+                     details={"namespace": "ml", "name": "cf-x-1", "kind": "Pod", "pod": "cf-x-1", "job": "",
+                              "created": "[]", "spec": "{}", "lowers_power": "false"})  # fmt: skip
+
+
+def test_backend_run_trigger_round_trips_with_its_backend_handles_and_state() -> None:
+    from carbonflow.execution.backend import RunHandle
+
+    handle, state = _handle(), _state()
+    options = {"namespace": "ml", "config_file": "/etc/kube/config"}
+    trigger = BackendRunTrigger("kubernetes", [handle.model_dump(mode="json")], options,
+                                state=state.model_dump(mode="json"), clock_offset_s=-5.0, poll_s=2.0)  # fmt: skip
     rebuilt = _round_trip(trigger)
     assert [RunHandle.model_validate(h) for h in rebuilt.handles] == [handle]
-    assert WaitState.read(rebuilt.state) == state and rebuilt.connection == connection
-    assert rebuilt.backend_options == {"namespace": "ml", "config_file": "/etc/kube/config"}
+    assert WaitState.read(rebuilt.state) == state
+    assert (rebuilt.backend, rebuilt.backend_options, rebuilt.clock_offset_s, rebuilt.poll_s) == (
+        "kubernetes", options, -5.0, 2.0,
+    )  # fmt: skip
+
+
+def test_backend_run_trigger_refuses_a_handle_of_another_backend_and_no_handles() -> None:
+    handle = _handle().model_dump(mode="json")
+    with pytest.raises(ValueError, match=r"handles of backend\(s\) kubernetes given to a trigger of backend='local'"):
+        BackendRunTrigger("local", [handle])
+    with pytest.raises(ValueError, match=r"handles=\[\] is not allowed"):
+        BackendRunTrigger("kubernetes", [])
+
+
+def test_a_trigger_deferred_by_0_2_is_rebuilt_as_the_generic_one() -> None:
+    """A task deferred on 0.2's KubernetesRunTrigger resumes after an upgrade: its kwargs still build a trigger,
+    which polls through the kubernetes backend (a kubeconfig path from the old connection when no options)."""
+    connection = {"conn_id": None, "connection_extras": {"kube_config_path": "/etc/kube/config"},
+                  "cluster_context": "prod"}  # fmt: skip
+    old = KubernetesRunTrigger([_handle().model_dump(mode="json")], connection, state=None, clock_offset_s=-5.0,
+                               poll_s=2.0, backend_options=None)  # fmt: skip
+    classpath, kwargs = old.serialize()
+    assert classpath == "carbonflow.operators.triggers.BackendRunTrigger"
+    assert kwargs["backend"] == "kubernetes"
+    assert kwargs["backend_options"] == {"config_file": "/etc/kube/config", "context": "prod", "in_cluster": False}
+    assert _round_trip(BackendRunTrigger(**kwargs)).serialize() == (classpath, kwargs)
 
 
 def test_every_trigger_in_the_module_is_covered_here() -> None:
@@ -71,5 +97,5 @@ def test_every_trigger_in_the_module_is_covered_here() -> None:
 
     found = {name for name, cls in inspect.getmembers(triggers_module, inspect.isclass)
              if issubclass(cls, BaseTrigger) and cls.__module__ == triggers_module.__name__}  # fmt: skip
-    covered = {"CarbonWindowTrigger", "KubernetesRunTrigger"}
+    covered = {"CarbonWindowTrigger", "BackendRunTrigger", "KubernetesRunTrigger"}
     assert found == covered, f"add a round-trip test for {found - covered}"
