@@ -81,19 +81,6 @@ def test_nightly_ceiling_on_a_flat_night_is_the_least_energy_within_the_bound():
     assert start_s == 0.0  # a flat night: ties go to the earliest start
 
 
-def test_vs_zeus_charges_profiling_by_zeus_rule_unless_told_otherwise():
-    from types import SimpleNamespace
-
-    vz = _load("vs_zeus")
-    dataset = next(iter(vz.SAMPLES_PER_EPOCH))
-    w = SimpleNamespace(power_limits=[100, 150, 200, 250], dataset=dataset)
-    assert vz.PROFILING_RULE == "zeus"
-    assert vz.profile_slice_epochs(w, 64) == pytest.approx(0.25)  # 1/|P| of the first epoch per limit, as Zeus
-    vz.PROFILING_RULE = "own"
-    own = min(vz.PROFILE_STEPS * 64 / vz.SAMPLES_PER_EPOCH[dataset], 0.25)
-    assert vz.profile_slice_epochs(w, 64) == pytest.approx(own)
-
-
 @pytest.mark.skipif(not (DATA / "zeus/summary_train.csv").exists(), reason="shared Zeus data not present")
 def test_nightly_bound_on_a_flat_night_chooses_on_expected_epochs_and_pays_tonights():
     nc = _load("nightly_carbon")
@@ -159,17 +146,6 @@ def test_carbon_windows_reads_the_long_neso_archive_and_serves_issues_at_most_a_
     assert cw.published(trace, 0.0, at_issue_only=True)[(1, 6)]["n_starts"] == 1
 
 
-def test_vs_zeus_explorer_learns_the_run_without_its_jit_slices():
-    from types import SimpleNamespace
-
-    vz = _load("vs_zeus")
-    # one epoch: 100 s at 200 W (20 kJ); MAXPOWER 300 W; eta 0.5: cost = 0.5 * E + 0.5 * 300 * T
-    w = SimpleNamespace(epoch=lambda bs, pl: (100.0, 200.0), max_power=300.0)
-    run_cost = 0.5 * 3 * 20_000.0 + 0.5 * 300.0 * 3 * 100.0  # 3 epochs at the chosen limit
-    total = run_cost + 7_000.0  # the first epoch's profiling slices cost 7 000 more
-    assert vz.split_jit_cost(w, 64, 200, 3.0, total) == pytest.approx((run_cost, 7_000.0))
-
-
 def test_a_conservative_explorer_profiles_no_more_than_its_budget_covers():
     from carbonflow.planning.batch_size import BatchSizeExplorer
 
@@ -185,18 +161,3 @@ def test_a_conservative_explorer_profiles_no_more_than_its_budget_covers():
     assert cheap.budget() == pytest.approx(1 * 40.0 - 32.0 + 19 * 8.0)
     assert cheap.unprofiled(profile_cost=50.0) == [32, 128]
     assert cheap.unprofiled(profile_cost=100.0) == [32]
-
-
-@pytest.mark.skipif(not (DATA / "zeus/summary_train.csv").exists(), reason="shared Zeus data not present")
-def test_vs_zeus_a_failed_zeus_seed_fails_the_run(monkeypatch):
-    import pandas as pd
-
-    vz = _load("vs_zeus")
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("Zeus's simulator failed on this seed")
-
-    monkeypatch.setattr(vz, "simulate_zeus", broken)
-    train = pd.read_csv(DATA / "zeus/summary_train.csv")
-    with pytest.raises(RuntimeError, match="failed on this seed"):
-        vz.run_pair("v100", vz.WORKLOADS[4], train, [1], 0.05)

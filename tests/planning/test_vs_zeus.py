@@ -1,0 +1,187 @@
+"""benchmarks/vs_zeus.py: carbonflow charged as the product runs (every profile a separate pass, paid in full), the
+targets read on seeds the explorer was not developed on, and Zeus's outcomes reused only where they are Zeus's."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from carbonflow.planning.costs import zeus_cost
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path("/work/shared/data")
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("vs_zeus_bench", ROOT / "benchmarks" / "vs_zeus.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # type: ignore[union-attr]  # dataclasses look their module up
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def _tiny(vz, epochs: float = 3.0):
+    """One batch size (64), two limits: 100 W runs an epoch in 120 s at 90 W, 200 W in 100 s at 150 W; every
+    path needs ``epochs`` epochs."""
+    train = pd.DataFrame(
+        {
+            "dataset": "cifar100",
+            "network": "net",
+            "optimizer": "sgd",
+            "batch_size": 64,
+            "learning_rate": 0.1,
+            "run": [1, 2],
+            "target_metric": 0.5,
+            "target_epoch": epochs,
+        }
+    )
+    power = pd.DataFrame(
+        {
+            "dataset": "cifar100",
+            "network": "net",
+            "batch_size": 64,
+            "optimizer": "sgd",
+            "power_limit": [100, 200],
+            "time_per_epoch": [120.0, 100.0],
+            "average_power": [90.0, 150.0],
+        }
+    )
+    return vz.Workload(train, power, ("cifar100", "net", "sgd", 0.5, 10, 64))
+
+
+def test_vs_zeus_charges_profiling_by_zeus_rule_unless_told_otherwise():
+    vz = _load()
+    dataset = next(iter(vz.SAMPLES_PER_EPOCH))
+    w = SimpleNamespace(power_limits=[100, 150, 200, 250], dataset=dataset)
+    assert vz.PROFILING_RULE == "zeus"
+    assert vz.profile_slice_epochs(w, 64) == pytest.approx(0.25)  # 1/|P| of the first epoch per limit, as Zeus
+    vz.PROFILING_RULE = "own"
+    own = min(vz.PROFILE_STEPS * 64 / vz.SAMPLES_PER_EPOCH[dataset], 0.25)
+    assert vz.profile_slice_epochs(w, 64) == pytest.approx(own)
+
+
+def test_carbonflow_pays_its_default_profile_in_full_as_a_separate_pass():
+    vz = _load()
+    w = _tiny(vz)
+    # by hand: the profile runs half an epoch at each limit and is thrown away; then 4 runs of 3 epochs at the
+    # limit the product's choose_power_limit picks from it (zeus:0.5, MAXPOWER 200 W)
+    profile_e = 0.5 * (120 * 90 + 100 * 150)
+    profile_t = 0.5 * (120 + 100)
+    profile = zeus_cost(profile_e, profile_t, 0.5, 200.0)
+    at = {pl: zeus_cost(3 * t * p, 3 * t, 0.5, 200.0) for pl, t, p in ((100, 120, 90), (200, 100, 150))}
+    chosen = min(at, key=at.get)
+    assert chosen == 100  # 0.5*32400 + 0.5*200*360 = 52 200 < 0.5*45000 + 0.5*200*300 = 52 500
+    out = vz.simulate_carbonflow(w, 4, seed=7, with_bs=False)
+    assert out.profiles == 1
+    assert out.profiling_cost == pytest.approx(profile)
+    assert out.cost == pytest.approx(profile + 4 * at[chosen])
+    assert out.energy_j == pytest.approx(profile_e + 4 * 3 * 120 * 90)
+    assert out.configs == [(64, 100)] * 4
+    # with the explorer (one batch size: nothing else to profile) the same bill
+    full = vz.simulate_carbonflow(w, 4, seed=7, with_bs=True)
+    assert full.cost == pytest.approx(out.cost) and full.profiles == 1
+    # the default pays no profile at all
+    assert vz.simulate_default(w, 4, seed=7).cost == pytest.approx(4 * at[200])
+    assert vz.one_profile_cost(w, 64) == pytest.approx(profile)
+
+
+def test_summary_targets_read_the_pairs_and_one_profile():
+    vz = _load()
+
+    def row(cf_zeus: float, cf_default: float, frac: float, steady: float) -> dict:
+        return {
+            "gpu": "V100",
+            "workload": "x/y",
+            "seeds": [4],
+            "b0": 64,
+            "power_limits_w": [100, 200],
+            "best_fixed": {"config": [64, 100]},
+            "carbonflow_cumulative_over_zeus": cf_zeus,
+            "carbonflow_cumulative_over_default": cf_default,
+            "one_profile_cost_fraction": frac,
+            "carbonflow_steady_over_best": steady,
+            "zeus_cumulative_over_default": 1.0,
+            "carbonflow_pl_cumulative_over_zeus_pl": None,
+            "carbonflow_profiles_mean": 1.0,
+            "carbonflow_profiling_passes_over_zeus": 0.01,
+            "per_seed_max": {"carbonflow_cumulative_over_zeus": cf_zeus},
+            "zeus": {"cumulative_cost": 1.0},
+            "carbonflow": {"cumulative_cost": cf_zeus, "final_configs": [[64, 100]]},
+            "zeus_pl": None,
+            "carbonflow_pl": None,
+            "default": {"cumulative_cost": 1.0},
+        }
+
+    good = vz.summarise_rows([row(0.95, 0.9, 0.01, 1.0), row(0.96, 1.004, 0.005, 1.01)])
+    assert good["mean_carbonflow_cumulative_over_zeus"] == pytest.approx(0.955)
+    assert good["max_one_profile_cost_fraction"] == pytest.approx(0.01)
+    assert all(good["targets"].values()) and good["why_not_met"] == {}
+    # 1.004 x the default is within 1 + the largest profile fraction, but not within its own pair's (0.003)
+    bad = vz.summarise_rows([row(0.95, 0.9, 0.01, 1.0), row(1.02, 1.004, 0.003, 1.02)])
+    assert bad["targets"] == {
+        "mean_cumulative_le_0.96_zeus": False,
+        "cumulative_le_1.01_zeus_every_pair": False,
+        "cumulative_le_default_plus_one_profile": True,
+        "cumulative_le_default_plus_own_profile_every_pair": False,
+        "steady_le_1.01_best_every_pair": False,
+    }
+    assert set(bad["why_not_met"]) == {
+        "mean_cumulative_le_0.96_zeus",
+        "cumulative_le_1.01_zeus_every_pair",
+        "steady_le_1.01_best_every_pair",
+    }
+
+
+def test_the_targets_are_never_judged_on_the_development_seeds():
+    vz = _load()
+    assert vz.DEVELOPMENT_SEEDS == [1, 2, 3] and list(range(4, 24)) == vz.EVALUATION_SEEDS
+    with pytest.raises(SystemExit):
+        vz.main(["--seeds", "3", "4", "--development-seeds", "1", "2", "3"])
+
+
+def test_a_cached_zeus_outcome_is_reused_and_carbonflow_is_run_afresh(monkeypatch, tmp_path):
+    vz = _load()
+    w = _tiny(vz)
+    monkeypatch.setattr(vz, "_workload", lambda gpu, i: (w, None, None))
+
+    def never(*args, **kwargs):
+        raise AssertionError("Zeus's simulator ran although its outcome was cached")
+
+    monkeypatch.setattr(vz, "simulate_zeus", never)
+    known = {"zeus": {"cost": 1.0, "energy_j": 2.0, "time_s": 3.0, "configs": [[64, 100]], "profiling_cost": 0.0}}
+    key, out = vz.seed_outcomes(("v100", 0, 7, 1.0, vz.DATA, "zeus", known, False))
+    assert key == ("v100", 0, 7)
+    assert out["zeus"].cost == 1.0 and out["zeus"].configs == [(64, 100)]
+    assert set(out) == {"default", "zeus", "carbonflow"}
+    assert out["carbonflow"].cost == pytest.approx(vz.simulate_carbonflow(w, vz.recurrences(w), 7, True).cost)
+    # without a cache entry Zeus's simulator is asked (and a failure fails the run)
+    with pytest.raises(AssertionError, match="cached"):
+        vz.seed_outcomes(("v100", 0, 7, 1.0, vz.DATA, "zeus", None, False))
+
+
+@pytest.mark.skipif(not (DATA / "zeus/summary_train.csv").exists(), reason="shared Zeus data not present")
+def test_vs_zeus_a_failed_zeus_seed_fails_the_run(monkeypatch):
+    vz = _load()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Zeus's simulator failed on this seed")
+
+    monkeypatch.setattr(vz, "simulate_zeus", broken)
+    train = pd.read_csv(DATA / "zeus/summary_train.csv")
+    with pytest.raises(RuntimeError, match="failed on this seed"):
+        vz.run_pair("v100", vz.WORKLOADS[4], train, [1], 0.05)
+
+
+def test_the_run_is_not_early_stopped_without_a_threshold():
+    vz = _load()
+    w = _tiny(vz, epochs=math.nan)  # never reaches the target: runs the whole budget
+    energy, time_s, reached, epochs = vz.run_config(w, 64, 200, np.random.default_rng(0), math.inf)
+    assert (reached, epochs) == (False, 10)
+    assert (energy, time_s) == pytest.approx((10 * 100 * 150, 10 * 100))
