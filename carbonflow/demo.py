@@ -72,8 +72,13 @@ def prepare_airflow(env: dict[str, str], log_path: Path) -> bool:
 
 
 def find_dags_folder() -> Path:
-    """``$CARBONFLOW_DAGS_FOLDER``, else ``./dags`` (the repository's)."""
-    folder = Path(os.environ.get("CARBONFLOW_DAGS_FOLDER", "dags")).resolve()
+    """``$CARBONFLOW_DAGS_FOLDER``, else ``./dags``, else the ``dags`` folder of the checkout carbonflow is installed
+    from (``make install`` installs it editable), so ``carbonflow demo`` runs from any folder."""
+    given = os.environ.get("CARBONFLOW_DAGS_FOLDER")
+    folder = Path(given or "dags").resolve()
+    checkout = Path(__file__).resolve().parents[1] / "dags"
+    if not given and not (folder / f"{DAG_ID}.py").exists() and (checkout / f"{DAG_ID}.py").exists():
+        folder = checkout
     if not (folder / f"{DAG_ID}.py").exists():
         raise FileNotFoundError(
             f"{folder / (DAG_ID + '.py')} not found; run from the repository or set CARBONFLOW_DAGS_FOLDER"

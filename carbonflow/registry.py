@@ -146,7 +146,7 @@ def load_job_file(path: Path) -> JobSpec:
         raise RegistryError(f"{path.name}: holds {type(data).__name__}, not one JobSpec (a mapping of fields)")
     workdir = data.get("working_dir")
     if isinstance(workdir, str) and not os.path.isabs(workdir):
-        data = {**data, "working_dir": os.path.normpath(path.parent / workdir)}
+        data = {**data, "working_dir": os.path.normpath(path.absolute().parent / workdir)}  # the path it resolved
     try:
         spec, problems = JobSpec.model_validate(data), repeated
     except ValidationError as err:
