@@ -507,12 +507,6 @@ class Profile(_Model):
     points: list[ProfilePoint]
     notes: list[str] = Field(default_factory=list, description="what the profiler found, e.g. noise-limited points")
 
-    def point_for(self, config: Config) -> ProfilePoint | None:
-        for point in self.points:
-            if point.config.key() == config.key():
-                return point
-        return None
-
 
 class ForecastPoint(_Model):
     """One slot of a carbon-intensity series."""

@@ -77,11 +77,6 @@ def format_percent(fraction: float | None, digits: int = 1) -> str:
     return f"{value + 0.0:.{digits}f}"  # + 0.0 turns -0.0 into 0.0
 
 
-def kwh_from_j(energy_j: float) -> float:
-    """Joules to kilowatt-hours."""
-    return energy_j / J_PER_KWH
-
-
 def emissions_g_from(energy_j: float, intensity_gco2_per_kwh: float) -> float:
     """Grams CO2e of ``energy_j`` at a constant grid intensity."""
     return energy_j / J_PER_KWH * intensity_gco2_per_kwh

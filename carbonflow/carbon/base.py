@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-from carbonflow.models import Forecast, ForecastPoint
+from carbonflow.models import Forecast
 
 DEFAULT_HORIZON_S = 48 * 3600.0
 
@@ -61,21 +61,6 @@ def parse_utc(text: str) -> datetime:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return parsed.astimezone(UTC)
-
-
-def points_between(points: list[ForecastPoint], start: datetime, end: datetime) -> list[ForecastPoint]:
-    """The points overlapping ``[start, end)``."""
-    return [p for p in points if p.end > start and p.start < end]
-
-
-def regular_points(starts: list[datetime], values: list[float], length_s: float) -> list[ForecastPoint]:
-    """Build points of one length, skipping missing values (NaN/None) and clamping negatives to 0."""
-    out = []
-    for start, value in zip(starts, values, strict=True):
-        if value is None or value != value:  # NaN
-            continue
-        out.append(ForecastPoint(start=start, length_s=length_s, gco2_per_kwh=max(0.0, float(value))))
-    return out
 
 
 def horizon_end(now: datetime, horizon_s: float) -> datetime:

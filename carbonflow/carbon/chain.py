@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -323,9 +323,3 @@ def default_chain(
         source="NESO actuals (GB) or Electricity Maps history",
     )
     return ForecastChain([neso, em, wt, sdk, climatology, StaticProvider()], order=order)
-
-
-def forecast_window(chain: ForecastChain, region: str, now: datetime, finish_by: datetime) -> Forecast:
-    """Convenience: the chain's forecast from ``now`` to ``finish_by`` (at least one hour)."""
-    end = max(finish_by, now + timedelta(hours=1))
-    return chain.forecast(region, now, end, now=now)

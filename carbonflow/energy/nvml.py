@@ -18,7 +18,6 @@ given as indices, GPU UUIDs (or unique UUID prefixes, as CUDA accepts) or MIG UU
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -68,17 +67,6 @@ def nvml_init() -> Any:
             raise NvmlUnavailable(f"NVML unavailable: {reason}") from exc
         _initialised = True
         return pynvml
-
-
-def nvml_shutdown() -> None:
-    """Release NVML (tests use it to re-initialise against another fake state)."""
-    global _initialised
-    with _init_lock:
-        if _initialised:
-            pynvml = _pynvml()
-            with contextlib.suppress(pynvml.NVMLError):
-                pynvml.nvmlShutdown()
-            _initialised = False
 
 
 def _as_str(value: Any) -> str:

@@ -297,11 +297,6 @@ class RealisedVsPredicted:
         """Realised / predicted energy."""
         return self.energy_total_j / self.predicted_energy_j if self.predicted_energy_j > 0 else None
 
-    @property
-    def emissions_ratio(self) -> float | None:
-        """Realised / predicted emissions."""
-        return self.emissions_g / self.predicted_emissions_g if self.predicted_emissions_g > 0 else None
-
     def to_planning_record(self):  # -> carbonflow.planning.learning.RealisedRun
         """The planner's :class:`carbonflow.planning.learning.RealisedRun` of this run."""
         from carbonflow.planning.learning import RealisedRun as PlanningRecord

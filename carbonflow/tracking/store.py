@@ -278,17 +278,6 @@ def write_record(
     return run_id, experiment_id, version
 
 
-def run_summary(run: Run) -> dict[str, Any]:
-    """A JSON-friendly view of a run (for tests, reports and debugging)."""
-    return {
-        "run_id": run.info.run_id,
-        "status": run.info.status,
-        "params": dict(run.data.params),
-        "metrics": dict(run.data.metrics),
-        "tags": {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.") or k == schema.T_PARENT_RUN_ID},
-    }
-
-
 def completed_run(job: str, key: str, tracking_uri: str | None = None) -> dict[str, Any] | None:
     """The complete run of ``job`` carrying idempotency key ``key`` (a retry's earlier try logged it), or None.
 
