@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import math
@@ -131,6 +132,7 @@ class Workload:
         self.power_limits = sorted(int(p) for p in self.df.power_limit.unique())
         self._paths = {(int(b), int(p)): g for (b, p), g in self.df.groupby(["batch_size", "power_limit"])}
         self._bs_rows = {int(b): g for b, g in self.df.groupby("batch_size")}
+        self._epochs: dict[tuple[int, int], np.ndarray] = {}
 
     @property
     def name(self) -> str:
@@ -173,8 +175,12 @@ class Workload:
 
     def sample(self, bs: int, pl: int, rng: np.random.Generator) -> float:
         """Epochs to target of one sampled path (NaN: never reached), sampled as Zeus's simulator does."""
-        path = self._paths[(bs, pl)].sample(n=1, random_state=rng)
-        return float(path.target_epoch.iloc[0])
+        # pandas' DataFrame.sample(n=1, random_state=rng) is rng.choice(len, size=1, replace=False): the same
+        # draw, without building a one-row frame (checked in the tests)
+        epochs = self._epochs.get((bs, pl))
+        if epochs is None:
+            epochs = self._epochs[(bs, pl)] = self._paths[(bs, pl)].target_epoch.to_numpy(dtype=float)
+        return float(epochs[rng.choice(len(epochs), size=1, replace=False)[0]])
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -437,6 +443,7 @@ def seed_outcomes(task: tuple) -> tuple[tuple, dict[str, Outcome]]:
     return (gpu, spec_i, seed), out
 
 
+@functools.cache
 def code_version() -> str:
     """A hash of the code carbonflow's side runs (this file, the explorer, the power-limit choice, the cost):
     a cached carbonflow outcome is reused only under the same code."""
@@ -618,6 +625,30 @@ def why_not_met(rows: list[dict], summary: dict) -> dict[str, str]:
     return out
 
 
+def _cache_keys(g: str, i: int, s: int, rec_scale: float) -> tuple[str, str]:
+    """(Zeus's key in the cache: its version; carbonflow's and the default's: this code and profiling rule)."""
+    zeus_version = __import__("importlib.metadata").metadata.version("zeus")
+    pair = f"{g}/{WORKLOADS[i][0]}/{s}/{rec_scale}"
+    return f"{pair}/zeus-{zeus_version}", f"{pair}/{code_version()}/{PROFILING_RULE}"
+
+
+def cached_seeds(cache_path: Path, gpus: list[str], seeds: list[int], rec_scale: float, with_pl: bool) -> list[int]:
+    """Those of ``seeds`` whose every pair has every policy's outcome in the cache (under this code)."""
+    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    wanted = [p for p in POLICIES if with_pl or p not in ("zeus_pl", "carbonflow_pl")]
+    out = []
+    for s in seeds:
+        have = True
+        for g in gpus:
+            for i in range(len(WORKLOADS)):
+                theirs, mine = _cache_keys(g, i, s, rec_scale)
+                if set(wanted) - set(cache.get(theirs, {})) - set(cache.get(mine, {})):
+                    have = False
+        if have:
+            out.append(s)
+    return out
+
+
 def run_all(
     gpus: list[str], seeds: list[int], rec_scale: float, jobs: int, zeus_cache: Path | None, with_pl: bool = True
 ) -> list[dict[str, object]]:
@@ -627,13 +658,9 @@ def run_all(
     import multiprocessing as mp
 
     cache: dict[str, dict] = json.loads(zeus_cache.read_text()) if zeus_cache and zeus_cache.exists() else {}
-    zeus_version = __import__("importlib.metadata").metadata.version("zeus")
-    ours = f"{code_version()}/{PROFILING_RULE}"
 
     def keys_of(g: str, i: int, s: int) -> tuple[str, str]:
-        """(Zeus's key: its version; carbonflow's and the default's: this code and profiling rule)."""
-        pair = f"{g}/{WORKLOADS[i][0]}/{s}/{rec_scale}"
-        return f"{pair}/zeus-{zeus_version}", f"{pair}/{ours}"
+        return _cache_keys(g, i, s, rec_scale)
 
     def known(g: str, i: int, s: int) -> dict[str, dict]:
         theirs, mine = keys_of(g, i, s)
@@ -701,6 +728,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--without-pl", action="store_true", help="skip the power-limit-only pair (zeus_pl, carbonflow_pl)"
     )
+    parser.add_argument(
+        "--cached-seeds-only",
+        action="store_true",
+        help="judge only those of --seeds whose every pair is in --zeus-cache already (an interrupted run's); "
+        "the JSON says which seeds that was",
+    )
     parser.add_argument("--profiling", choices=("zeus", "own"), default="zeus", help="see PROFILING_RULE")
     args = parser.parse_args(argv)
     PROFILING_RULE = args.profiling
@@ -715,6 +748,12 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("zeus==0.16.0 is needed: pip install 'carbonflow[bench]'", file=sys.stderr)
         return 2
+    if args.cached_seeds_only:
+        if args.zeus_cache is None:
+            parser.error("--cached-seeds-only needs --zeus-cache")
+        seeds = cached_seeds(args.zeus_cache, gpus, seeds, 1.0, not args.without_pl)
+        if not seeds:
+            parser.error(f"no seed has every pair in {args.zeus_cache}")
     t0 = time.perf_counter()
     rows = run_all(gpus, seeds, 1.0, args.jobs, args.zeus_cache, not args.without_pl)
     summary = summarise_rows(rows)

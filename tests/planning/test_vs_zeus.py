@@ -185,3 +185,13 @@ def test_the_run_is_not_early_stopped_without_a_threshold():
     energy, time_s, reached, epochs = vz.run_config(w, 64, 200, np.random.default_rng(0), math.inf)
     assert (reached, epochs) == (False, 10)
     assert (energy, time_s) == pytest.approx((10 * 100 * 150, 10 * 100))
+
+
+def test_a_path_is_drawn_as_pandas_sample_draws_it():
+    vz = _load()
+    w = _tiny(vz)
+    w._paths[(64, 100)] = w._paths[(64, 100)].assign(target_epoch=[3.0, 7.0, 5.0, 4.0][: len(w._paths[(64, 100)])])
+    ours, theirs = np.random.default_rng(11), np.random.default_rng(11)
+    for _ in range(20):
+        expected = float(w._paths[(64, 100)].sample(n=1, random_state=theirs).target_epoch.iloc[0])
+        assert w.sample(64, 100, ours) == expected
