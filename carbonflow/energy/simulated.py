@@ -5,12 +5,22 @@
 holds the measured average power (W) and time per epoch (s) at each power limit, and linearly
 interpolates between measured limits. At a measured limit it returns the trace's numbers exactly.
 
-``SimulatedGpu`` implements :class:`~carbonflow.energy.device.Device` on top of it: its energy
-counter advances with the clock at ``average_power_w(current limit)`` while it is busy, and
-``slowdown_factor()`` says how much slower the workload runs at the current limit than at the
-maximum limit. The training code itself runs for real on the CPU; the wrapper hands the factor to
-the child in ``CARBONFLOW_SIM_SLOWDOWN`` and the training hook sleeps ``(factor - 1)`` × each
-step's time, so the emulated GPU is honestly slower at lower limits.
+``SimulatedGpu`` implements :class:`~carbonflow.energy.device.Device` on top of it. The simulated GPU has its
+own clock, driven by the work done, never by the host's: the ``carbonflow run`` wrapper hands it the samples
+the training reports (:meth:`SimulatedGpu.add_work`), each of which takes the trace's time per sample at the
+current limit (time per epoch ÷ the Zeus dataset's training samples, :data:`DATASET_TRAIN_SAMPLES`) and
+costs the trace's power × that time. A simulated run's energy, duration and measured windows are read on this
+clock (:meth:`SimulatedGpu.simulated_s`), so the same work at the same configuration costs the same energy and
+reports the same duration on an idle or a busy host; the host's wall time is kept apart. A GPU that is not
+fed work (``set_busy``) integrates the trace's power over its host clock instead.
+
+``slowdown_factor()`` says how much slower the workload runs at the current limit than at the maximum limit.
+The training code itself runs for real on the CPU; the wrapper hands the factor to the child in
+``CARBONFLOW_SIM_SLOWDOWN`` and the training hook sleeps ``(factor - 1)`` × each step's time, so the emulated
+GPU is visibly slower at lower limits (the simulated clock does not depend on it).
+
+A shared simulated GPU (:class:`SimulatedSharedGpu`, two jobs time-sliced) still integrates over the host's
+clock: a co-located pair's figures follow the host's load (said in its notes and docs/energy.md).
 """
 
 from __future__ import annotations
@@ -41,6 +51,17 @@ GPU_NAMES = {
     "P100": "Tesla P100",
 }
 _SIM_NAMESPACE = uuid.UUID("6f1c2a52-5d0e-4d8a-9a43-2b7f0c1e9d10")
+
+DATASET_TRAIN_SAMPLES = {
+    "cifar100": 50_000,  # CIFAR-100 training images
+    "imagenet": 1_281_167,  # ILSVRC-2012 training images
+    "squad": 87_599,  # SQuAD v1.1 training questions
+    "librispeech": 281_241,  # LibriSpeech train-960 utterances
+    "movielens-1m": 1_000_209,  # MovieLens-1M ratings
+    "sentiment140": 1_600_000,  # Sentiment140 training tweets
+}
+"""Samples in one epoch of each Zeus dataset (the datasets' published training-set sizes; the traces give time
+per epoch only): what turns the trace's time per epoch into the simulated GPU's time per sample."""
 
 
 @dataclass(frozen=True)
@@ -205,6 +226,23 @@ class ZeusPowerModel:
     def energy_per_epoch_j(self, limit_w: float) -> float:
         return self.average_power_w(limit_w) * self.time_per_epoch_s(limit_w)
 
+    @property
+    def samples_per_epoch(self) -> int:
+        """Training samples of one epoch of the Zeus workload's dataset (:data:`DATASET_TRAIN_SAMPLES`)."""
+        if self.dataset not in DATASET_TRAIN_SAMPLES:
+            raise ValueError(
+                f"dataset={self.dataset!r} has no known training-set size; allowed: {', '.join(DATASET_TRAIN_SAMPLES)}"
+            )
+        return DATASET_TRAIN_SAMPLES[self.dataset]
+
+    def seconds_per_sample(self, limit_w: float) -> float:
+        """The simulated GPU's time for one training sample at ``limit_w`` (s): time per epoch ÷ samples per epoch."""
+        return self.time_per_epoch_s(limit_w) / self.samples_per_epoch
+
+    def energy_per_sample_j(self, limit_w: float) -> float:
+        """GPU energy of one training sample at ``limit_w`` (J): average power × time per sample."""
+        return self.average_power_w(limit_w) * self.seconds_per_sample(limit_w)
+
     def slowdown(self, limit_w: float) -> float:
         """time_per_epoch(limit) / time_per_epoch(max limit); 1.0 at the maximum limit."""
         return self.time_per_epoch_s(limit_w) / self.time_per_epoch_s(self.max_power_w)
@@ -269,9 +307,12 @@ class _ClockedGpu(Device):
 class SimulatedGpu(_ClockedGpu):
     """A GPU whose power and speed per limit replay Zeus's measurements. Labelled ``simulated``.
 
-    Its power limit lives in the process that owns it (the ``carbonflow run`` wrapper).
-    While busy, the energy counter advances at the trace's average power for the current limit;
-    idle draw is not in the Zeus data, so an idle simulated GPU accrues nothing (said in notes).
+    Its power limit lives in the process that owns it (the ``carbonflow run`` wrapper). Following the work
+    (:meth:`follow_work`, then :meth:`add_work` with the samples trained), its clock and energy advance by the
+    work only: each sample takes the trace's time per sample at the current limit and draws the trace's power
+    meanwhile, so host load changes neither. Marked busy instead (:meth:`set_busy`, not following work), the
+    counter advances with the host's clock at the trace's average power. Idle draw is not in the Zeus data,
+    so an idle simulated GPU accrues nothing (said in notes).
     """
 
     def __init__(
@@ -286,6 +327,8 @@ class SimulatedGpu(_ClockedGpu):
         self.spec = spec
         self.index = index
         self._busy = busy
+        self._follows_work = False
+        self._simulated_s = 0.0
         key = f"{spec.gpu_model}:{self.power_model.workload_key}:{index}"
         self.id = f"SIM-GPU-{uuid.uuid5(_SIM_NAMESPACE, key)}"
         self.model = f"{GPU_NAMES[spec.gpu_model]} (simulated)"
@@ -296,10 +339,18 @@ class SimulatedGpu(_ClockedGpu):
         ]
 
     def _power_locked(self) -> float:
-        return self.power_model.average_power_w(self._limit_w) if self._busy else 0.0
+        """What the host clock integrates: nothing once the GPU follows the work (its own clock counts then)."""
+        if self._follows_work or not self._busy:
+            return 0.0
+        return self.power_model.average_power_w(self._limit_w)
+
+    def power_w(self) -> float:
+        """The trace's power at the current limit while training (power traces), 0 while idle."""
+        with self._lock:
+            return self.power_model.average_power_w(self._limit_w) if self._busy else 0.0
 
     def set_busy(self, busy: bool) -> None:
-        """Mark the simulated GPU as training (accrues energy) or idle (accrues none)."""
+        """Mark the simulated GPU as training (draws power) or idle (draws none)."""
         with self._lock:
             self._advance()
             self._busy = busy
@@ -307,6 +358,39 @@ class SimulatedGpu(_ClockedGpu):
     @property
     def busy(self) -> bool:
         return self._busy
+
+    @property
+    def follows_work(self) -> bool:
+        return self._follows_work
+
+    def follow_work(self) -> None:
+        """From now on, time and energy advance with :meth:`add_work` only, never with the host's clock."""
+        with self._lock:
+            self._advance()
+            self._follows_work = True
+            if "simulated clock" not in " ".join(self.notes):
+                self.notes.insert(
+                    1,
+                    "simulated clock: each sample takes the trace's time per sample at the current limit (time per "
+                    f"epoch / {self.power_model.samples_per_epoch} samples of {self.power_model.dataset}) at the "
+                    "trace's power; the host's load changes neither time nor energy",
+                )
+
+    def add_work(self, samples: float) -> float:
+        """``samples`` trained at the current limit: advance the simulated clock by their time and the energy by
+        the trace's power over it; returns the simulated seconds they took."""
+        if not samples >= 0:
+            raise EnergyError(f"samples={samples} is not allowed; the samples trained are a number >= 0")
+        with self._lock:
+            self._advance()
+            seconds = samples * self.power_model.seconds_per_sample(self._limit_w)
+            self._simulated_s += seconds
+            self._energy_j += seconds * self.power_model.average_power_w(self._limit_w)
+            return seconds
+
+    def simulated_s(self) -> float:
+        """Seconds on the simulated clock so far: the work's time at the limits it was done at."""
+        return self._simulated_s
 
     def slowdown_factor(self) -> float:
         """How much slower the workload runs at the current limit than at the maximum (>= 1 typically)."""

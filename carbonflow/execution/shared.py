@@ -334,6 +334,8 @@ def _run_shared_on(
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
     run = _account(request, members, phases, total, devices, gpu, applied, notes)
+    if simulated and hasattr(gpu, "models"):
+        _on_simulated_clock(run, members, gpu, request.power_limit_w)
     emit_result(run, result_path, result_key)  # signed with the run's key: the backend believes nothing else
     if received:
         raise Terminated(received[0])
@@ -529,6 +531,47 @@ def _account(
         host_pace=pace if simulated else [], separated=[m.spec.job.name for m in members if m.separated],
         label=gpu.label, notes=notes,
     )  # fmt: skip
+
+
+def _on_simulated_clock(run: SharedRun, members: list[_Member], gpu: Any, limit_w: float | None) -> None:
+    """A simulated shared GPU's figures on its own clock, from the work only (host load changes none of them).
+
+    Each job's samples take its trace's time per sample at the pair's limit; while both work each keeps the
+    device's kept speed (Gavel's), and the device draws the shared power; the job left then runs alone at its
+    solo power (:func:`carbonflow.planning.colocation.pair_timeline`'s shape, what the planner predicts with).
+    Durations, the overlap and the GPU's energy per job are set from that; the CPU's figures stay the host's.
+    """
+    from carbonflow.energy.simulated import shared_gpu_power_w
+
+    limit = limit_w if limit_w is not None else gpu.default_power_limit_w()
+    solo_s = [
+        model.seconds_per_sample(limit) * m.progress.samples for model, m in zip(gpu.models, members, strict=True)
+    ]
+    power = [model.average_power_w(limit) for model in gpu.models]
+    kept = list(gpu.kept_speeds)
+    if not all(k > 0 for k in kept) or not any(s > 0 for s in solo_s):
+        return
+    overlap_s = min(solo_s[i] / kept[i] for i in (0, 1)) if all(s > 0 for s in solo_s) else 0.0
+    tail_s = [max(solo_s[i] - kept[i] * overlap_s, 0.0) for i in (0, 1)]
+    shared_w = shared_gpu_power_w(power[0], power[1], limit)
+    gpu_j = [shared_w * overlap_s * run.shares[i] + power[i] * tail_s[i] for i in (0, 1)]
+    for i, member in enumerate(run.members):
+        duration_s = overlap_s + tail_s[i]
+        for entry in member.devices:
+            if entry.kind == "gpu":
+                entry.energy_j = gpu_j[i]
+                entry.share = gpu_j[i] / sum(gpu_j) if sum(gpu_j) > 0 else 0.5
+        member.notes.append(
+            f"simulated GPU clock: {members[i].progress.samples} samples took {duration_s:.3f} s of simulated GPU "
+            f"time ({overlap_s:.3f} s shared); the host's wall time was {member.duration_s:.2f} s"
+        )
+        member.duration_s = duration_s
+        member.throughput_samples_per_s = member.samples / duration_s if duration_s > 0 else 0.0
+    # The overlap's power was the shared GPU's (the same on either clock) plus the host's CPU: kept, over the
+    # simulated overlap.
+    overlap_w = run.overlap_power_w if run.overlap_s > 0 else shared_w
+    run.overlap_s = overlap_s
+    run.overlap_energy_j = overlap_w * overlap_s
 
 
 def main_from_file(request_path: Path, result_path: Path) -> int:

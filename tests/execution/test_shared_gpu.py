@@ -215,6 +215,19 @@ def test_a_simulated_pair_keeps_gavels_speeds_under_host_cpu_load(tmp_path: Path
         # host's CPUs added is not lost to sharing the GPU (the first job's unreachable solo speed: no time at all)
         assert 0 <= member.metrics[M_SHARING_LOST_S] <= (1 - kept) * member.metrics[M_SHARED_GPU_S] + 1e-9
         assert M_SHARING_ENERGY_J in member.metrics
+    # on the simulated GPU's clock: durations and GPU energy from the work only (the planner's pair timeline),
+    # whatever the burners did to the host's wall time
+    models = [ZeusPowerModel.from_spec(CNN), ZeusPowerModel.from_spec(WIDE)]
+    solo = [mod.seconds_per_sample(200) * m.samples for mod, m in zip(models, run.members, strict=True)]
+    tl = pair_timeline(solo[0], solo[1], gavel[0], gavel[1])
+    assert [m.duration_s for m in run.members] == pytest.approx([tl.total_a_s, tl.total_b_s])
+    assert run.overlap_s == pytest.approx(tl.overlap_s)
+    shared_w = min(200.0, SHARED_POWER_FACTOR * max(mod.average_power_w(200) for mod in models))
+    tail = [tl.total_a_s - tl.overlap_s, tl.total_b_s - tl.overlap_s]
+    gpu_j = [next(d.energy_j for d in m.devices if d.kind == "gpu") for m in run.members]
+    assert sum(gpu_j) == pytest.approx(shared_w * tl.overlap_s + sum(
+        mod.average_power_w(200) * t for mod, t in zip(models, tail, strict=True)))  # fmt: skip
+    assert all(any(n.startswith("simulated GPU clock") for n in m.notes) for m in run.members)
 
 
 class _MeasuredGpu(Device):
