@@ -19,8 +19,9 @@ The training code itself runs for real on the CPU; the wrapper hands the factor 
 ``CARBONFLOW_SIM_SLOWDOWN`` and the training hook sleeps ``(factor - 1)`` × each step's time, so the emulated
 GPU is visibly slower at lower limits (the simulated clock does not depend on it).
 
-A shared simulated GPU (:class:`SimulatedSharedGpu`, two jobs time-sliced) still integrates over the host's
-clock: a co-located pair's figures follow the host's load (said in its notes and docs/energy.md).
+A shared simulated GPU (:class:`SimulatedSharedGpu`, two jobs time-sliced) paces the two trainings while they
+run; the pair's wrapper then reads its figures on the same simulated clock, from each job's work, the device's
+kept speeds and the shared power (:func:`carbonflow.execution.shared._on_simulated_clock`).
 """
 
 from __future__ import annotations
