@@ -29,6 +29,11 @@ from carbonflow.carbon.calibration import LeadTimeErrorModel, default_error_mode
 from carbonflow.models import Forecast, ForecastPoint
 
 DEFAULT_RISK_AVERSION = 0.0
+START_GUARD_Z = 1.0
+"""Safer starts: a later start is preferred to running at once only when its expected gain exceeds this many
+standard deviations of (its error - run-now's error), less ``START_GUARD_TOLERANCE`` of run-now's intensity."""
+START_GUARD_TOLERANCE = 0.01
+"""The loss against running at once that the guard tolerates (a fraction of run-now's expected intensity)."""
 HISTORY_DAYS = 7
 HISTORY_MAX_BACK_DAYS = 14
 _DAY_S = 86400.0
@@ -368,6 +373,7 @@ def search_starts(
     hold_edges: bool = False,
     risk_aversion: float = DEFAULT_RISK_AVERSION,
     delay_cost_per_s: Sequence[float] | np.ndarray | float = 0.0,
+    guard_z: float | None = None,
 ) -> StartSearch:
     """carbonflow's one start search: every run ``i`` (``durations_s[i]``) at every candidate start in
     ``[0, latest_s[i]]`` seconds after ``earliest`` (runs with ``latest_s < 0`` get none), vectorised.
@@ -380,6 +386,12 @@ def search_starts(
     (candidate − the run's start at 0); ``delay_cost_per_s`` (score units per second, per run or one number)
     prices waiting. ``hold_edges`` holds the first/last value beyond the forecast and across gaps; otherwise a
     candidate the forecast does not cover is dropped.
+
+    **Safer starts** (``guard_z``, default ``START_GUARD_Z``; 0 turns it off): a later start of run ``i`` whose
+    expected gain over the run's start at 0 is below ``guard_z`` standard deviations of the error of that gain
+    (the lead-time error model, errors correlated by ``phi_per_h``) less ``START_GUARD_TOLERANCE`` of the
+    run-now intensity ranks after starting at once (by its shortfall): a move has to beat the forecast's own
+    error, so a start rarely turns out worse than starting at once.
     """
     durations = np.atleast_1d(np.asarray(durations_s, dtype=float))
     latest = np.atleast_1d(np.asarray(latest_s, dtype=float))
@@ -412,25 +424,42 @@ def search_starts(
     ok = np.isfinite(mean) & (cov >= _COVERED)
     run, start, dur, mean = run[ok], start[ok], dur[ok], mean[ok]
     score, shrunk = mean, 0
-    if run.size and (history or risk_aversion > 0):
+    z = START_GUARD_Z if guard_z is None else float(guard_z)
+    if z < 0 or not math.isfinite(z):
+        raise ValueError(f"guard_z={guard_z!r} is not allowed; give a number >= 0 (0 turns the guard off)")
+    if run.size and (history or risk_aversion > 0 or z > 0):
         window = (e0, e0 + float(np.max(start + dur)))
         post, sig, shrunk = _robust_series(forecast, t0 + e0, t1 + e0, val, window, history, error_model)
         xp, fp, cp = _cumulative(t0, t1, post)
         score, _ = _window_stats(xp, fp, cp, start, start + dur)
-        if risk_aversion > 0:
+        if risk_aversion > 0 or z > 0:
             model = error_model or default_error_model()
             xs, fs, cs = _cumulative(t0, t1, sig)
             sig_w, _ = _window_stats(xs, fs, cs, start, start + dur)
             sig_now, _ = _window_stats(xs, fs, cs, np.zeros(durations.size), durations)
             pair = np.stack([np.nan_to_num(sig_now[run]), np.nan_to_num(sig_w)], axis=-1)
-            score = (
-                score
-                + robust_penalty(pair, np.stack([np.zeros_like(start), start], -1), model.phi_per_h, risk_aversion)[
-                    ..., 1
-                ]
-            )
+            offsets = np.stack([np.zeros_like(start), start], -1)
+            sd_gain = robust_penalty(pair, offsets, model.phi_per_h, 1.0)[..., 1]
+            if risk_aversion > 0:
+                score = score + risk_aversion * sd_gain
+            if z > 0:
+                now_score, _ = _window_stats(xp, fp, cp, np.zeros(durations.size), durations)
+                score = safer_scores(score, now_score[run], sd_gain, start > 0, z)
     score = score + delay[run] * start
     return StartSearch(run, start, mean, score, shrunk, horizon_end_s)
+
+
+def safer_scores(
+    score: np.ndarray, now_score: np.ndarray, sd_gain: np.ndarray, later: np.ndarray, z: float = START_GUARD_Z
+) -> np.ndarray:
+    """The safer-start rule of :func:`search_starts` on broadcastable arrays: a ``later`` candidate whose gain over
+    starting at once (``now_score - score``) is short of ``z`` x ``sd_gain`` - ``START_GUARD_TOLERANCE`` x
+    ``now_score`` ranks just after starting at once, by its shortfall (NaN ``now_score``: no guard)."""
+    known = np.isfinite(now_score)
+    ref = np.where(known, now_score, 0.0)
+    short = z * sd_gain - START_GUARD_TOLERANCE * ref - (ref - score)
+    blocked = known & later & (short > 0)
+    return np.where(blocked, ref + np.maximum(short, 1e-9), score)
 
 
 def choose_start(
@@ -444,6 +473,7 @@ def choose_start(
     history: Sequence[ForecastPoint] | None = None,
     risk_aversion: float = DEFAULT_RISK_AVERSION,
     error_model: LeadTimeErrorModel | None = None,
+    guard_z: float | None = None,
 ) -> WindowChoice:
     """The contiguous start minimising expected emissions that still finishes by ``finish_by``: one run of
     :func:`search_starts` (the search ``plan_job`` uses), with a reason a person can read.
@@ -451,7 +481,8 @@ def choose_start(
     ``robust`` (default) hands ``history`` (recent actuals, e.g. ``ForecastChain.history``) to the search, which
     shrinks the forecast toward its daily profile by lead-time error; without history the forecast is used as
     is, and the reason says so. ``expected_gco2_per_kwh`` and ``run_now_gco2_per_kwh`` are always the
-    forecast's own numbers. Ties go to the earliest start.
+    forecast's own numbers. Ties go to the earliest start. ``robust`` also applies the safer-start rule
+    (``guard_z``, default ``START_GUARD_Z``; see :func:`search_starts`).
     """
     earliest, finish_by = _validate(duration_s, earliest, finish_by, step_s)
     latest = finish_by - timedelta(seconds=duration_s)
@@ -484,6 +515,7 @@ def choose_start(
         error_model=error_model,
         step_s=step_s,
         risk_aversion=risk_aversion if robust else 0.0,
+        guard_z=guard_z if robust else 0.0,
     )
     if not found.start_s.size:
         return _fallback(

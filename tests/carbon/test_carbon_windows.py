@@ -145,10 +145,31 @@ def test_robust_discounts_a_far_dip_at_an_hour_the_recent_days_show_as_a_peak():
     values[2] = values[3] = 175.0  # near, certain enough to trust
     forecast = fc(values)
     plain = choose_start(forecast, 2 * 3600, T0, T0 + timedelta(hours=24), robust=False)
-    robust = choose_start(forecast, 2 * 3600, T0, T0 + timedelta(hours=24), history=series(hist, start))
+    # the shrinkage alone (the safer-start guard, tested below, would keep this 12 % gain for within the error)
+    robust = choose_start(forecast, 2 * 3600, T0, T0 + timedelta(hours=24), history=series(hist, start), guard_z=0)
     assert plain.start == T0 + timedelta(hours=20)
     assert robust.start == T0 + timedelta(hours=2) and robust.robust and "lead-time error" in robust.reason
     assert robust.expected_gco2_per_kwh == pytest.approx(175)  # the forecast's own number is reported
+
+
+def test_safer_starts_run_at_once_when_the_gain_is_within_the_forecast_error():
+    from carbonflow.carbon.windows import START_GUARD_TOLERANCE, START_GUARD_Z, safer_scores
+
+    # by hand: run-now 200; a later start 190 (gain 10) with sd_gain 20 is short by 1 x 20 - 0.01 x 200 - 10 = 8
+    out = safer_scores(np.array([200.0, 190.0, 150.0]), np.array(200.0), np.array([0.0, 20.0, 20.0]),
+                       np.array([False, True, True]), z=1.0)  # fmt: skip
+    assert START_GUARD_TOLERANCE == 0.01 and START_GUARD_Z > 0
+    assert out == pytest.approx([200.0, 208.0, 150.0])  # 190 now ranks after run-now; 150 (gain 50) still wins
+    far = [200.0] * 24
+    far[20] = far[21] = 185.0  # 7.5 % lower, 20 h ahead: within the calibrated error of that lead
+    choice = choose_start(fc(far), 2 * 3600, T0, T0 + timedelta(hours=24))
+    assert choice.start == T0
+    assert choose_start(fc(far), 2 * 3600, T0, T0 + timedelta(hours=24), guard_z=0).start == T0 + timedelta(hours=20)
+    deep = [200.0] * 24
+    deep[20] = deep[21] = 100.0  # half: far beyond the error, still taken
+    assert choose_start(fc(deep), 2 * 3600, T0, T0 + timedelta(hours=24)).start == T0 + timedelta(hours=20)
+    with pytest.raises(ValueError, match="guard_z"):
+        choose_start(fc(deep), 2 * 3600, T0, T0 + timedelta(hours=24), guard_z=-1)
 
 
 def test_robust_follows_a_dip_the_recent_days_confirm():
