@@ -229,9 +229,11 @@ def test_each_page_shows_commands_and_marks_only_what_cannot_run_here_with_a_rea
     steps, skipped = extract((DOCS / page).read_text(encoding="utf-8"), page)
     assert [s for s in steps if not s.path], f"{page} shows no command a user can run"
     for block in skipped:
-        assert re.search(r"server|until (it is )?stopped|long-running|runs until|network|PyPI|install", block.reason), (
-            f"{block.where}: skipped for {block.reason!r}; only a command that runs until stopped, or an install "
-            "from the network, may be left out"
+        assert re.search(
+            r"server|until (it is )?stopped|long-running|runs until|running stack|network|PyPI|install", block.reason
+        ), (
+            f"{block.where}: skipped for {block.reason!r}; only a command that runs until stopped (or one that needs "
+            "it running), or an install from the network, may be left out"
         )
 
 
@@ -239,7 +241,7 @@ def test_each_page_shows_commands_and_marks_only_what_cannot_run_here_with_a_rea
 def test_getting_started_commands_run_on_a_fresh_home(tmp_path: Path) -> None:
     page = "getting-started.md"
     markdown = (DOCS / page).read_text(encoding="utf-8")
-    outcome = run_page(markdown, page, tmp_path)
+    outcome = run_page(markdown, page, tmp_path, timeout=3600)  # two demo nights: 2 min idle, 20+ on a busy host
     _assert_ran(outcome, extract(markdown, page)[0])
 
 
@@ -332,3 +334,15 @@ def test_the_commands_run_outside_the_repository_on_a_fresh_home_with_the_venv_f
     assert f"\n{tmp_path / 'work'}\n" in outcome.output
     assert f"{tmp_path / 'work' / '.carbonflow'} {tmp_path / 'home'}" in outcome.output
     assert f"\n{VENV_BIN / 'carbonflow'}\n" in outcome.output
+
+
+def test_a_broken_command_in_the_real_page_fails_it_naming_the_page_line_and_status(tmp_path: Path) -> None:
+    """Own-job's page with its ``dags test`` command mistyped: the page's run stops there, named by line."""
+    page = "own-job.md"
+    markdown = (DOCS / page).read_text(encoding="utf-8")
+    assert "\ncarbonflow dags test my_dag.py\n" in markdown
+    broken = markdown.replace("\ncarbonflow dags test my_dag.py\n", "\ncarbonflow dags test my_dag.pyx\n")
+    outcome = run_page(broken, page, tmp_path, timeout=600)
+    assert re.fullmatch(r"own-job\.md:\d+: `carbonflow dags test my_dag\.pyx` exited 2, expected 0", outcome.failed)
+    assert "is not a DAG file" in " ".join(outcome.output.split())
+    assert (tmp_path / "work" / "my_dag.py").read_text(encoding="utf-8").startswith("# my_dag.py\n")
