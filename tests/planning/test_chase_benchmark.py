@@ -148,3 +148,31 @@ def test_unknown_epochs_make_no_misses(quick):
     for arms in quick["by_forecast"].values():
         assert arms["finish_by_12h_epochs_from_history"]["misses"] == 0
     assert quick["finish_by_12h_misses"] == 0
+
+
+def test_any_schedule_bound_by_hand(bench):
+    """Two 1-h slots at 100 and 300 gCO2/kWh; 2 epochs due in 2 h; a slow limit (1 epoch/h at 100 W) and a fast
+    one (2 epochs/h at 250 W). Best: the fast limit in the clean hour only, 0.25 kWh x 100 = 25 g (the slow limit
+    in both hours emits 0.1 x 100 + 0.1 x 300 = 40 g)."""
+    from types import SimpleNamespace
+
+    t0 = datetime(2022, 10, 20, tzinfo=UTC)
+    actuals = [
+        ForecastPoint(start=t0 + timedelta(hours=h), length_s=3600, gco2_per_kwh=v) for h, v in ((0, 100), (1, 300))
+    ]
+    setting = SimpleNamespace(limits_w=[100.0, 250.0], time_per_epoch_s={100.0: 3600.0, 250.0: 1800.0},
+                              power_w={100.0: 100.0, 250.0: 250.0})  # fmt: skip
+    base = [bench.Run(t0, 250.0, 3600.0, 0.0, 50.0)]  # a baseline of 50 g
+    cut = bench.any_schedule_bound(setting, actuals, [(t0, 1, 2)], base, slack_h=1.0)
+    assert cut == pytest.approx(1 - 25.0 / 50.0)
+
+
+@needs_data
+def test_any_schedule_bound_is_above_every_plan_and_below_the_target(quick):
+    bound = quick["finish_by_12h_any_schedule_bound_carbon_reduction"]
+    assert bound >= quick["finish_by_12h_exhaustive_ceiling_carbon_reduction"] - 1e-9
+    for arms in quick["by_forecast"].values():
+        for name, s in arms.items():
+            assert s["carbon_reduction"] <= bound + 1e-9, name
+    assert bound < quick["targets"]["finish_by_12h_carbon_reduction"]
+    assert "physically unreachable" in quick["why_not_met"]["finish_by_12h_carbon_reduction"]
