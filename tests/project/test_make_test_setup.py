@@ -86,4 +86,4 @@ def test_readme_fits_200_lines_and_its_example_validates(tmp_path):
     assert spec.samples_per_epoch and spec.epochs
     namespace: dict = {}
     exec(compile(tree, "README.md", "exec"), namespace)  # the DAG parses with real Airflow
-    assert {t.task_id for t in namespace["dag"].tasks} == {"validate", "profile", "train"}
+    assert {t.task_id for t in namespace["dag"].tasks} == {"validate", "profile", "train", "deliver_runs"}
