@@ -4,8 +4,9 @@
 measurements, a :class:`~carbonflow.execution.wrapper.WrappedRun`) and ``.run(spec, plan, points)`` (a
 :class:`RunResult`, accounted with :func:`carbonflow.execution.results.to_run_result`):
 
-1. builds the objects with :class:`~carbonflow.execution.k8s_manifests.ManifestBuilder` (the cncf-kubernetes
-   provider's pod / job operators) and validates them offline against the Kubernetes schema;
+1. builds the objects with :class:`~carbonflow.execution.k8s_manifests.ManifestBuilder` (the kubernetes client's
+   models, as the cncf-kubernetes provider's pod / job operators built them) and validates them offline against
+   the Kubernetes schema;
 2. creates the ConfigMap (job.json, plan.json), then the Pod — or the headless Service and Indexed Job;
 3. polls until the pod (every rank) terminated, failing fast on image-pull / config errors;
 4. reads each rank's ``WrappedRun`` from its termination message (``carbonflow run --result
@@ -22,7 +23,10 @@ measurements, a :class:`~carbonflow.execution.wrapper.WrappedRun`) and ``.run(sp
    directory) through zeusd, so a SIGKILL or OOM kill never leaves a GPU at a lowered limit.
 
 Only the kubernetes python client talks to the cluster; the API calls used are: create/read/delete
-namespaced config map, pod, service and job, list namespaced pod (label selector), read pod log.
+namespaced config map, pod, service and job, list namespaced pod (label selector), read pod log. Whether a run
+has ended (a pod Succeeded or Failed, or waiting for a reason it cannot recover from; a Job Complete or Failed)
+is decided in :meth:`KubernetesBackend.poll` alone: a deferred Airflow task's trigger asks it through the
+backend contract (``carbonflow.operators.triggers.BackendRunTrigger``).
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from carbonflow.execution.k8s_manifests import (
 )
 from carbonflow.execution.shared import SharedRequest
 from carbonflow.execution.signing import NOT_SIGNED, find_signed_payload, new_result_key
-from carbonflow.execution.wrapper import WrappedRun
+from carbonflow.execution.wrapper import MeasuredWindow, WrappedRun
 from carbonflow.models import ForecastPoint, JobSpec, Plan, RunResult
 
 log = logging.getLogger(__name__)
@@ -85,7 +89,9 @@ def merge_ranks(ranks: list[tuple[str, WrappedRun]]) -> WrappedRun:
 
     Devices are keyed ``<node>/<device id>``; when ranks on one node measured the same device (the node's CPU)
     over overlapping windows it is counted once, from the widest view (the largest energy). Samples add up;
-    steps, metrics and the measured window are rank 0's (data-parallel ranks step together).
+    steps, metrics and the measured window are rank 0's (data-parallel ranks step together). A profile's windows
+    (one per swept limit) are merged the same way (they were dropped, so a multi-container profile on Kubernetes
+    measured no point).
     """
     if not ranks:
         raise ValueError("ranks=[] is not allowed; give at least one rank's WrappedRun")
@@ -111,6 +117,7 @@ def merge_ranks(ranks: list[tuple[str, WrappedRun]]) -> WrappedRun:
             measured[key] = max(measured.get(key, 0.0), energy)
     duration_s = (ended - started).total_seconds()
     samples = sum(r.samples for _, r in ranks)
+    windows = _merge_windows(ranks)
     notes.append(f"merged from {len(ranks)} ranks (Kubernetes Indexed Job)")
     return WrappedRun(
         job=first.job,
@@ -130,8 +137,27 @@ def merge_ranks(ranks: list[tuple[str, WrappedRun]]) -> WrappedRun:
         metrics=dict(first.metrics),
         power_limit_applied=all(r.power_limit_applied for _, r in ranks),
         power_limit_w=first.power_limit_w,
+        windows=windows,
         notes=list(dict.fromkeys(notes)),
     )
+
+
+def _merge_windows(ranks: list[tuple[str, WrappedRun]]) -> list[MeasuredWindow]:
+    """A profile's windows (one per swept limit) over every rank: rank 0's window, samples added up, energy per
+    ``<node>/<device>`` (a device two ranks on one node both measured counted once, the largest). Ranks sweep in
+    step (the same limits in the same order); a limit some rank did not reach is left out."""
+    first = ranks[0][1]
+    merged: list[MeasuredWindow] = []
+    for i, window in enumerate(first.windows):
+        same = [(node, r.windows[i]) for node, r in ranks if len(r.windows) > i]
+        if len(same) < len(ranks) or any(w.power_limit_w != window.power_limit_w for _, w in same):
+            break
+        energy: dict[str, float] = {}
+        for node, w in same:
+            for dev, joules in w.energy_j.items():
+                energy[f"{node}/{dev}"] = max(energy.get(f"{node}/{dev}", 0.0), joules)
+        merged.append(window.model_copy(update={"samples": sum(w.samples for _, w in same), "energy_j": energy}))
+    return merged
 
 
 def load_api_client(*, config_file: str | None = None, context: str | None = None, in_cluster: bool = False) -> Any:
@@ -192,7 +218,7 @@ class KubernetesBackend:
         self._clock = clock
         self._stop = threading.Event()
         self._current: KubernetesManifests | None = None
-        self.builder = ManifestBuilder(self.settings, config_file=config_file, cluster_context=context)
+        self.builder = ManifestBuilder(self.settings)
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> KubernetesBackend:
@@ -454,7 +480,7 @@ class KubernetesBackend:
             details={"namespace": manifests.namespace, "name": manifests.name, "kind": manifests.kind,
                      "pod": manifests.pod.metadata.name if manifests.pod is not None else "",
                      "job": manifests.job.metadata.name if manifests.job is not None else "",
-                     "created": json.dumps(created), "spec": spec.model_dump_json(),
+                     "created": json.dumps(created), "spec": _without_env(spec),
                      "lowers_power": "true" if self._lowers_power(spec, plan) else "false", "result_key": key},
         )  # fmt: skip
 
@@ -768,6 +794,13 @@ def _power_spec(handle: Any) -> JobSpec | None:
     if handle.details.get("lowers_power") != "true":
         return None
     return JobSpec.model_validate_json(handle.details["spec"])
+
+
+def _without_env(spec: JobSpec) -> str:
+    """The job as a handle keeps it (for a restore after the run): without its ``env``, which may hold a connection's
+    secret resolved at launch; a handle is stored where the pod's spec is not (a deferred task's trigger, in
+    Airflow's metadata DB)."""
+    return spec.model_copy(update={"env": {}}).model_dump_json()
 
 
 def _with_notes(wrapped: WrappedRun, problems: list[str]) -> WrappedRun:

@@ -3,6 +3,10 @@
 wrapper gets ``--sweep-limits``/``--stop-below`` as the local one does and sweeps the limits in the running
 training: through Airflow's own ``dag.test()`` the profile has one point per swept limit.
 
+Issue #22: the task no longer holds its worker while the pod sweeps. It defers on ``BackendRunTrigger``; the
+metadata DB says ``deferred`` while the pod is Running, and the resumed task collects the pod and returns the
+profile.
+
 The cluster is the FAKE API and FAKE node (``fake_kube_api.py``, ``fake_gpu_node.py``); the operator, the
 backend, the manifests and the ``carbonflow run`` wrapper in the pod (on the job's simulated V100) are real.
 """
@@ -10,11 +14,14 @@ backend, the manifests and the ``carbonflow run`` wrapper in the pod (on the job
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fake_gpu_node import FakeGpuNode
 from fake_kube_api import FakeKubeApi
+from test_k8s_deferral import _db_state, _pod_phase, _value
 
 from carbonflow.models import Profile
 from carbonflow.workloads.catalog import DIGITS_CNN
@@ -63,7 +70,27 @@ with DAG(os.environ["E2E_DAG_ID"], schedule=None, start_date=datetime(2026, 1, 1
 def test_energy_profile_operator_on_kubernetes_sweeps_every_limit_in_the_pod(tmp_path, airflow_db, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from airflow.dag_processing.bundles.manager import DagBundlesManager
     from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+    from airflow.sdk.execution_time import supervisor
 
+    observed: list[dict[str, Any]] = []
+    real_run = supervisor.run_task_in_process
+
+    def observing(ti: Any, task: Any, client: Any = None) -> Any:
+        """Each run of the profile task as it returns: the runner's and the metadata DB's state, and while it is
+        deferred, the pod's phase read through the API (the first read starts the pod's wrapper)."""
+        result = real_run(ti=ti, task=task, client=client)
+        if ti.task_id == "profile":
+            seen = {"state": _value(result.state), "db": _db_state(ti), "error": str(result.error or ""),
+                    "trigger": getattr(result.msg, "classpath", "").rsplit(".", 1)[-1]}  # fmt: skip
+            if seen["trigger"] == "BackendRunTrigger":
+                deadline = datetime.now(UTC) + timedelta(seconds=60)
+                while (phase := _pod_phase(api)) != "Running" and datetime.now(UTC) < deadline:
+                    pass
+                seen["pod"], seen["db_while_pod_runs"] = phase, _db_state(ti)
+            observed.append(seen)
+        return result
+
+    monkeypatch.setattr(supervisor, "run_task_in_process", observing)
     with FakeGpuNode(gpus=1) as node, FakeKubeApi(node.training) as api:
         script = node.base / "train.py"
         script.write_text(TRAIN)
@@ -87,6 +114,10 @@ def test_energy_profile_operator_on_kubernetes_sweeps_every_limit_in_the_pod(tmp
         states = {ti.task_id: ti.state for ti in run.get_task_instances()}
         pods = [p for m, p in api.requests if m == "POST" and p.endswith("/pods")]
     assert states == {"profile": "success", "keep": "success"}, states
+    deferred, resumed = observed
+    assert deferred["trigger"] == "BackendRunTrigger" and deferred["state"] == deferred["db"] == "deferred", deferred
+    assert deferred["pod"] == "Running" and deferred["db_while_pod_runs"] == "deferred", deferred
+    assert resumed["state"] == "success" and resumed["error"] == "", resumed
     profile = Profile.model_validate_json(Path(out).read_text())
     assert [p.config.power_limit_w for p in profile.points] == LIMITS_W, "one point per swept limit"
     assert all(p.throughput_samples_per_s > 0 and p.energy_per_sample_j > 0 for p in profile.points)
