@@ -1,7 +1,6 @@
-"""Kubernetes manifests for one carbonflow training run, built with the cncf-kubernetes provider.
+"""Kubernetes manifests for one carbonflow training run, built with the kubernetes client's models alone.
 
-One container → the ``V1Pod`` that :class:`KubernetesPodOperator` would create; several containers → the
-provider's :class:`KubernetesJobOperator` ``V1Job`` with ``Indexed`` completion, one pod per rank, plus a
+One container → a ``V1Pod``; several containers → a ``V1Job`` with ``Indexed`` completion, one pod per rank, plus a
 headless ``Service`` so that every rank finds rank 0 (PyTorch ``env://`` rendezvous: ``MASTER_ADDR``,
 ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``).
 
@@ -21,18 +20,20 @@ only. Each pod's journal is its own sub-directory of the host's journal director
 ``subPathExpr: $(POD_NAME)``: a pod sees no other pod's journal. Co-location: a plan with a co-location group
 requests the time-sliced GPU resource (``nvidia.com/gpu.shared`` by default, see
 ``deploy/k8s/nvidia-time-slicing.yaml``).
+
+No Airflow here (execution/ imports none): the objects are the ones the cncf-kubernetes provider's
+``KubernetesPodOperator`` / ``KubernetesJobOperator`` built for carbonflow before (the container is named
+``base``, ``restartPolicy: Never``, the provider's empty defaults), less the provider's own ``airflow_version`` and
+``airflow_kpo_in_cluster`` labels; each is validated offline against the Kubernetes schema (kubernetes-validate).
 """
 
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import re
-import tempfile
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -55,7 +56,8 @@ LABEL_CONFIG = "carbonflow.io/config"
 ANNOTATION_PLAN_START = "carbonflow.io/planned-start"
 ANNOTATION_REASON = "carbonflow.io/plan-reason"
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
-CONTAINER_NAME = "base"  # the provider's base container name; results are read from it
+CONTAINER_NAME = "base"  # the container's name (the cncf-kubernetes provider's too); results are read from it
+JOB_NAME_PREFIX = "job-"  # a Job is named job-<run> (as the provider named it)
 KUBERNETES_SCHEMA_VERSION = "1.37.0"
 SETTINGS_ENV = "CARBONFLOW_K8S_SETTINGS"
 _DNS_LABEL_RE = re.compile(r"[^a-z0-9-]+")
@@ -268,38 +270,11 @@ def gpu_resource_name(plan: Plan, settings: KubernetesSettings) -> str:
     return settings.shared_gpu_resource if plan.config.colocation_group else settings.gpu_resource
 
 
-def _offline_kubeconfig() -> str:
-    """A kubeconfig naming an unreachable server: lets the provider build objects without a cluster."""
-    path = Path(tempfile.gettempdir()) / "carbonflow-offline-kubeconfig.yaml"
-    if not path.exists():
-        path.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "offline", "cluster": {"server": "https://offline.invalid"}}],
-                    "users": [{"name": "offline", "user": {}}],
-                    "contexts": [{"name": "offline", "context": {"cluster": "offline", "user": "offline"}}],
-                    "current-context": "offline",
-                }
-            )
-        )
-    return str(path)
-
-
 class ManifestBuilder:
-    """Builds the pod/job/service/config map of one run with the cncf-kubernetes provider's operators."""
+    """Builds the pod/job/service/config map of one run (kubernetes client models; no cluster is asked)."""
 
-    def __init__(
-        self,
-        settings: KubernetesSettings | None = None,
-        *,
-        config_file: str | None = None,
-        cluster_context: str | None = None,
-    ) -> None:
+    def __init__(self, settings: KubernetesSettings | None = None) -> None:
         self.settings = settings or KubernetesSettings()
-        self.config_file = config_file
-        self.cluster_context = cluster_context
 
     def build(
         self,
@@ -346,10 +321,10 @@ class ManifestBuilder:
             labels=labels,
         )
         if containers == 1:
-            manifests.pod = self._pod_operator(spec, plan, name, labels, args).build_pod_request_obj(dry_run=True)
+            manifests.pod = self._training_pod(spec, plan, name, labels, args)
         else:
             manifests.service = self._headless_service(name, labels)
-            manifests.job = self._job_operator(spec, plan, name, labels, args).build_job_request_obj()
+            manifests.job = self._indexed_job(spec, plan, name, labels, args)
         if result_key:
             _add_result_key(manifests, result_key)
         return manifests
@@ -381,9 +356,18 @@ class ManifestBuilder:
             ),
         )
 
-    def _common_kwargs(
-        self, spec: JobSpec, plan: Plan, name: str, labels: dict[str, str], args: list[str]
-    ) -> dict[str, Any]:
+    def _training_pod(
+        self,
+        spec: JobSpec,
+        plan: Plan,
+        name: str,
+        labels: dict[str, str],
+        args: list[str],
+        extra_env: list[Any] | None = None,
+        subdomain: str | None = None,
+        ports: list[Any] | None = None,
+    ) -> Any:
+        """The training's pod (for a Job: its template's pod, ``extra_env`` and ``ports`` added)."""
         from kubernetes.client import models as k8s
 
         s = self.settings
@@ -447,32 +431,18 @@ class ManifestBuilder:
                 capabilities=k8s.V1Capabilities(drop=["ALL"], add=["SETUID", "SETGID", "CHOWN", "KILL"]),
             )  # fmt: skip
         annotations = {ANNOTATION_PLAN_START: plan.start.isoformat(), ANNOTATION_REASON: plan.reason[:250]}
-        return {
-            "name": name,
-            "namespace": s.namespace,
-            "image": spec.image or s.image,
-            "image_pull_policy": s.image_pull_policy,
-            "cmds": ["carbonflow"],
-            "arguments": list(args),
-            "env_vars": [_pod_name_env(), *(k8s.V1EnvVar(name=k, value=v) for k, v in env.items())],
-            "labels": dict(labels),
-            "annotations": annotations,
-            "container_resources": k8s.V1ResourceRequirements(requests=requests or None, limits=limits or None),
-            "node_selector": node_selector,
-            "tolerations": tolerations,
-            "volumes": volumes,
-            "volume_mounts": mounts,
-            "service_account_name": s.service_account_name,
-            "container_security_context": security,
-            "termination_message_policy": "FallbackToLogsOnError",
-            "active_deadline_seconds": s.active_deadline_s,
-            "termination_grace_period": s.termination_grace_period_s,
-            "random_name_suffix": False,
-            "do_xcom_push": False,
-            "in_cluster": False,
-            "config_file": self.config_file or _offline_kubeconfig(),
-            "cluster_context": self.cluster_context,
-        }
+        container = _container(
+            image=spec.image or s.image, image_pull_policy=s.image_pull_policy, command=["carbonflow"], args=list(args),
+            env=[_pod_name_env(), *(k8s.V1EnvVar(name=k, value=v) for k, v in env.items()), *(extra_env or [])],
+            resources=k8s.V1ResourceRequirements(requests=requests or None, limits=limits or None),
+            mounts=mounts, security=security, ports=ports,
+        )  # fmt: skip
+        return _pod(
+            name=name, namespace=s.namespace, labels=dict(labels), annotations=annotations, container=container,
+            volumes=volumes, node_selector=node_selector, tolerations=tolerations,
+            service_account_name=s.service_account_name, termination_grace_period_s=s.termination_grace_period_s,
+            active_deadline_s=s.active_deadline_s, subdomain=subdomain,
+        )  # fmt: skip
 
     def _agent_volumes(self, journal_sub_path_expr: str | None = None) -> tuple[list[Any], list[Any]]:
         """The zeusd socket directory (read-only: connecting to a socket needs no write access to its directory)
@@ -519,7 +489,6 @@ class ManifestBuilder:
         as root (zeusd's socket is root's, mode 660) with every capability dropped, and requests no GPU: the
         NVIDIA runtime shows it every GPU of the node.
         """
-        from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
         from kubernetes.client import models as k8s
 
         s = self.settings
@@ -534,60 +503,41 @@ class ManifestBuilder:
             privileged=False, allow_privilege_escalation=False, run_as_user=0, run_as_non_root=False,
             capabilities=k8s.V1Capabilities(drop=["ALL"]),
         )  # fmt: skip
-        operator = KubernetesPodOperator(
-            task_id=f"carbonflow_{name.replace('-', '_')}",
-            name=name,
-            namespace=s.namespace,
-            image=s.image,
-            image_pull_policy=s.image_pull_policy,
-            cmds=["sh", "-c", script],
-            env_vars=[
+        container = _container(
+            image=s.image, image_pull_policy=s.image_pull_policy, command=["sh", "-c", script], args=[],
+            env=[
                 k8s.V1EnvVar(name="JOURNAL_DIR", value=journal_dir),
                 k8s.V1EnvVar(name=ZEUSD_SOCK_ENV, value=s.zeusd_socket_path),
                 k8s.V1EnvVar(name=GPU_INDEX_MAP_ENV, value=s.gpu_index_map_path),
                 k8s.V1EnvVar(name="NVIDIA_VISIBLE_DEVICES", value="all"),
                 k8s.V1EnvVar(name="NVIDIA_DRIVER_CAPABILITIES", value="utility"),
             ],
+            resources=k8s.V1ResourceRequirements(requests={"cpu": "100m", "memory": "256Mi"}),
+            mounts=mounts, security=security,
+        )  # fmt: skip
+        pod = _pod(
+            name=name, namespace=s.namespace, annotations={}, container=container, volumes=volumes,
             labels={LABEL_APP: "carbonflow", LABEL_RUN: name, "carbonflow.io/restores": failed_pod_name[:63]},
-            container_resources=k8s.V1ResourceRequirements(requests={"cpu": "100m", "memory": "256Mi"}),
-            tolerations=[k8s.V1Toleration(**_snake(t)) for t in s.tolerations] or None,
+            tolerations=[k8s.V1Toleration(**_snake(t)) for t in s.tolerations] or None, node_selector=None,
+            service_account_name=s.service_account_name, termination_grace_period_s=s.termination_grace_period_s,
             runtime_class_name=s.restore_runtime_class,
-            volumes=volumes,
-            volume_mounts=mounts,
-            service_account_name=s.service_account_name,
-            container_security_context=security,
-            termination_message_policy="FallbackToLogsOnError",
-            termination_grace_period=s.termination_grace_period_s,
-            random_name_suffix=False,
-            do_xcom_push=False,
-            in_cluster=False,
-            config_file=self.config_file or _offline_kubeconfig(),
-            cluster_context=self.cluster_context,
-        )
-        pod = operator.build_pod_request_obj(dry_run=True)
+        )  # fmt: skip
         pod.spec.node_name = node_name  # bypass the scheduler: it must run where the GPUs are
         return pod
 
-    def _pod_operator(self, spec: JobSpec, plan: Plan, name: str, labels: dict[str, str], args: list[str]) -> Any:
-        from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-
-        return KubernetesPodOperator(
-            task_id=f"carbonflow_{name.replace('-', '_')}", **self._common_kwargs(spec, plan, name, labels, args)
-        )
-
-    def _job_operator(self, spec: JobSpec, plan: Plan, name: str, labels: dict[str, str], args: list[str]) -> Any:
-        from airflow.providers.cncf.kubernetes.operators.job import JOB_NAME_PREFIX, KubernetesJobOperator
+    def _indexed_job(self, spec: JobSpec, plan: Plan, name: str, labels: dict[str, str], args: list[str]) -> Any:
+        """An ``Indexed`` Job of ``plan.config.containers`` ranks (one pod each) that find rank 0 through the
+        headless Service: ``MASTER_ADDR`` is rank 0's pod, ``<job>-0.<service>``, its ``RANK`` its completion index."""
         from kubernetes.client import models as k8s
 
+        s = self.settings
         world_size = plan.config.containers
-        kwargs = self._common_kwargs(spec, plan, name, labels, args)
         job_name = f"{JOB_NAME_PREFIX}{name}"
-        kwargs["env_vars"] = [
-            *kwargs["env_vars"],
+        rank_env = [
             k8s.V1EnvVar(name="WORLD_SIZE", value=str(world_size)),
             # Indexed Job pods are named <job>-<index> and, with subdomain=<service>, resolve as such.
-            k8s.V1EnvVar(name="MASTER_ADDR", value=f"{job_name}-0.{name}.{self.settings.namespace}.svc"),
-            k8s.V1EnvVar(name="MASTER_PORT", value=str(self.settings.master_port)),
+            k8s.V1EnvVar(name="MASTER_ADDR", value=f"{job_name}-0.{name}.{s.namespace}.svc"),
+            k8s.V1EnvVar(name="MASTER_PORT", value=str(s.master_port)),
             k8s.V1EnvVar(
                 name="RANK",
                 value_from=k8s.V1EnvVarSource(
@@ -599,17 +549,79 @@ class ManifestBuilder:
             k8s.V1EnvVar(name="LOCAL_RANK", value="0"),
             k8s.V1EnvVar(name="LOCAL_WORLD_SIZE", value="1"),
         ]
-        kwargs["subdomain"] = name
-        kwargs["ports"] = [k8s.V1ContainerPort(name="rendezvous", container_port=self.settings.master_port)]
-        return KubernetesJobOperator(
-            task_id=f"carbonflow_{name.replace('-', '_')}",
-            completion_mode="Indexed",
-            completions=world_size,
-            parallelism=world_size,
-            backoff_limit=self.settings.backoff_limit,
-            ttl_seconds_after_finished=self.settings.ttl_seconds_after_finished,
-            **kwargs,
+        ports = [k8s.V1ContainerPort(name="rendezvous", container_port=s.master_port)]
+        pod = self._training_pod(spec, plan, name, labels, args, extra_env=rank_env, subdomain=name, ports=ports)
+        return k8s.V1Job(
+            api_version="batch/v1",
+            kind="Job",
+            metadata=k8s.V1ObjectMeta(
+                name=job_name, namespace=s.namespace, labels=dict(labels), annotations=dict(pod.metadata.annotations)
+            ),
+            spec=k8s.V1JobSpec(
+                template=k8s.V1PodTemplateSpec(metadata=pod.metadata, spec=pod.spec),
+                completion_mode="Indexed",
+                completions=world_size,
+                parallelism=world_size,
+                backoff_limit=s.backoff_limit,
+                ttl_seconds_after_finished=s.ttl_seconds_after_finished,
+                active_deadline_seconds=s.active_deadline_s,
+            ),
         )
+
+
+def _container(
+    *,
+    image: str,
+    image_pull_policy: str,
+    command: list[str],
+    args: list[str],
+    env: list[Any],
+    resources: Any,
+    mounts: list[Any],
+    security: Any,
+    ports: list[Any] | None = None,
+) -> Any:
+    """The one container of a carbonflow pod, named ``base`` (results are read from it)."""
+    from kubernetes.client import models as k8s
+
+    return k8s.V1Container(
+        name=CONTAINER_NAME, image=image, image_pull_policy=image_pull_policy, command=command, args=args, env=env,
+        env_from=[], ports=list(ports or []), resources=resources, volume_mounts=mounts, security_context=security,
+        termination_message_policy="FallbackToLogsOnError",
+    )  # fmt: skip
+
+
+def _pod(
+    *,
+    name: str,
+    namespace: str,
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    container: Any,
+    volumes: list[Any],
+    node_selector: dict[str, str] | None,
+    tolerations: list[Any] | None,
+    service_account_name: str | None,
+    termination_grace_period_s: int,
+    active_deadline_s: int | None = None,
+    subdomain: str | None = None,
+    runtime_class_name: str | None = None,
+) -> Any:
+    """A pod that runs ``container`` once (``restartPolicy: Never``): a failed training is a failed run."""
+    from kubernetes.client import models as k8s
+
+    return k8s.V1Pod(
+        api_version="v1",
+        kind="Pod",
+        metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=labels, annotations=annotations),
+        spec=k8s.V1PodSpec(
+            containers=[container], init_containers=[], restart_policy="Never", volumes=volumes,
+            node_selector=node_selector or {}, tolerations=tolerations or [], affinity=k8s.V1Affinity(),
+            security_context=k8s.V1PodSecurityContext(), image_pull_secrets=[], host_network=False,
+            service_account_name=service_account_name, termination_grace_period_seconds=termination_grace_period_s,
+            active_deadline_seconds=active_deadline_s, subdomain=subdomain, runtime_class_name=runtime_class_name,
+        ),
+    )  # fmt: skip
 
 
 def _add_result_key(manifests: KubernetesManifests, key: str) -> None:

@@ -8,11 +8,6 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "carbonflow"
 AIRFLOW_AWARE = ("operators", "web")
-KNOWN_AIRFLOW_OUTSIDE = {
-    # The Kubernetes issue moves the provider's request builders under operators/ (it builds pod
-    # manifests through the cncf-kubernetes operators); listed here so that no new file joins it.
-    "execution/k8s_manifests.py",
-}
 
 
 def _imports(path: Path) -> set[str]:
@@ -35,7 +30,7 @@ def test_only_operators_and_web_import_airflow() -> None:
         rel for rel, names in _modules()
         if rel.split("/")[0] not in AIRFLOW_AWARE and any(n == "airflow" or n.startswith("airflow.") for n in names)
     }  # fmt: skip
-    assert outside == KNOWN_AIRFLOW_OUTSIDE, f"Airflow imported outside operators/ and web/: {outside}"
+    assert outside == set(), f"Airflow imported outside operators/ and web/: {outside}"
 
 
 def test_nothing_below_the_operators_imports_them() -> None:
