@@ -567,6 +567,10 @@ def _on_simulated_clock(run: SharedRun, members: list[_Member], gpu: Any, limit_
         )
         member.duration_s = duration_s
         member.throughput_samples_per_s = member.samples / duration_s if duration_s > 0 else 0.0
+        if M_KEPT_SPEED_FRACTION in member.metrics:  # the sharing figures on the same clock: what learning takes out
+            member.metrics[M_SHARED_GPU_S] = overlap_s
+            member.metrics[M_SHARING_LOST_S] = (1.0 - kept[i]) * overlap_s
+            member.metrics[M_SHARING_ENERGY_J] = (shared_w * run.shares[i] - power[i] * kept[i]) * overlap_s
     # The overlap's power was the shared GPU's (the same on either clock) plus the host's CPU: kept, over the
     # simulated overlap.
     overlap_w = run.overlap_power_w if run.overlap_s > 0 else shared_w

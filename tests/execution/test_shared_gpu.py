@@ -228,6 +228,10 @@ def test_a_simulated_pair_keeps_gavels_speeds_under_host_cpu_load(tmp_path: Path
     assert sum(gpu_j) == pytest.approx(shared_w * tl.overlap_s + sum(
         mod.average_power_w(200) * t for mod, t in zip(models, tail, strict=True)))  # fmt: skip
     assert all(any(n.startswith("simulated GPU clock") for n in m.notes) for m in run.members)
+    # what learning takes out of a co-located run (RealisedRun.alone) leaves the job's time and GPU energy alone
+    for mod, m, alone_s, j in zip(models, run.members, solo, gpu_j, strict=True):
+        assert m.duration_s - m.metrics[M_SHARING_LOST_S] == pytest.approx(alone_s)
+        assert j - m.metrics[M_SHARING_ENERGY_J] == pytest.approx(mod.average_power_w(200) * alone_s)
 
 
 class _MeasuredGpu(Device):
