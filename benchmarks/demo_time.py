@@ -10,7 +10,13 @@ runs. Writes benchmarks/results/demo_time.json with
 * ``night2_energy_prediction_error_max``, ``night2_duration_prediction_error_max`` — |predicted − measured| /
   measured, the worst of the demo's training runs of the second night (target: ≤ 0.15 each), read from MLflow
   (``kind=training`` runs: ``predicted_energy_total_j`` vs ``energy_total_j``, ``predicted_duration_s`` vs
-  ``duration_s``);
+  ``duration_s``). The second night trains a third more epochs than the first (``night2_new_work``: each job's
+  samples on both nights), so it is judged on work the first night did not run;
+* ``night2_error_if_repeating_night1`` — the same errors had night 2 been predicted as a copy of night 1's
+  measured figures (what learning must beat);
+* ``simulated_energy_load_sensitivity`` — the simulated GPU's energy for the same job and configuration, idle vs
+  with both cores busy (benchmarks/simulated_load.py, run here; target ≤ 0.02), and that run's figures
+  (``simulated_load``);
 * ``first_night_pair`` / ``second_night_pair`` — the pair profile's kept speeds (the simulated device's, and what
   the host's CPUs allowed, labelled apart) and whether the pair shared a GPU that night (MLflow's
   ``colocated_jobs``); ``pair_shared_a_gpu`` — true when it did on both nights;
@@ -101,6 +107,7 @@ def night_facts(runs: Iterable[Mapping[str, Any]], pair: tuple[str, str] | None 
             "measured_duration_s": m.get(s.M_DURATION_S),
             "duration_prediction_error": _error(m.get(s.M_PREDICTED_DURATION_S), m.get(s.M_DURATION_S)),
             # sharing a GPU: the kept speed the run used (simulated GPU: its model) and, apart, the host's pace
+            "samples": m.get(s.M_SAMPLES),
             "kept_speed_fraction": m.get(s.M_KEPT_SPEED_FRACTION),
             "host_pace_fraction": m.get(s.M_HOST_PACE_FRACTION),
         }
@@ -121,6 +128,28 @@ def night_facts(runs: Iterable[Mapping[str, Any]], pair: tuple[str, str] | None 
         "duration_prediction_error_max": max(duration) if duration else None,
         "shared_a_gpu": shared,
     }
+
+
+def repeating_errors(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, float | None]:
+    """The worst errors of night 2 had it been predicted as night 1's measured figures, job by job."""
+    out: dict[str, float | None] = {}
+    for kind in ("energy_j", "duration_s"):
+        errors = [
+            _error(first["jobs"][job][f"measured_{kind}"], row[f"measured_{kind}"])
+            for job, row in second["jobs"].items()
+            if job in first["jobs"]
+        ]
+        found = [e for e in errors if e is not None]
+        out[f"{kind.split('_')[0]}_error_max"] = max(found) if found else None
+    return out
+
+
+def load_sensitivity() -> dict[str, Any]:
+    """benchmarks/simulated_load.py in its own process: the simulated GPU's energy for the same job and
+    configuration, idle vs with both cores busy (``simulated_energy_load_sensitivity``, target ≤ 0.02)."""
+    script = Path(__file__).resolve().parent / "simulated_load.py"
+    subprocess.run([sys.executable, str(script)], check=True, capture_output=True, timeout=900)
+    return dict(json.loads((RESULTS / "simulated_load.json").read_text(encoding="utf-8")))
 
 
 def pair_profiles(home: Path, seen: set[Path]) -> list[dict[str, Any]]:
@@ -233,6 +262,8 @@ def main() -> None:
         }
 
     energy_max, duration_max = f2["energy_prediction_error_max"], f2["duration_prediction_error_max"]
+    repeating = repeating_errors(f1, f2)
+    load = load_sensitivity()
     result = {
         "benchmark": "demo_time",
         "label": "the real `carbonflow demo`, two nights in a fresh home, on this machine (simulated V100, estimated "
@@ -253,6 +284,18 @@ def main() -> None:
         "(host-CPU contention, reported apart and never used as the GPU's kept speeds)",
         "night2_energy_prediction_error_max": _round(energy_max),
         "night2_duration_prediction_error_max": _round(duration_max),
+        "night2_error_if_repeating_night1": {k: _round(v) for k, v in repeating.items()},
+        "night2_new_work": {
+            job: {
+                "night1_samples": f1["jobs"].get(job, {}).get("samples"),
+                "night2_samples": row.get("samples"),
+                "night1_configuration": f1["jobs"].get(job, {}).get("configuration"),
+                "night2_configuration": row.get("configuration"),
+            }
+            for job, row in f2["jobs"].items()
+        },
+        "simulated_energy_load_sensitivity": load["simulated_energy_load_sensitivity"],
+        "simulated_load": {k: v for k, v in load.items() if k != "simulated_energy_load_sensitivity"},
         "first_night_runs": night_json(f1),
         "second_night_runs": night_json(f2),
         "target_s": TARGET_S,
@@ -279,6 +322,8 @@ def main() -> None:
             )
         print(f"{night} night: pair profiles {facts['pair_profiles']}; shared a GPU: {facts['shared_a_gpu']}")
     print(f"second night worst errors: energy {energy_max}, duration {duration_max} (target <= {TARGET_ERROR})")
+    print(f"had night 2 repeated night 1's measured figures: {repeating}")
+    print(f"simulated GPU energy, idle vs both cores busy: {load['simulated_energy_load_sensitivity']} (<= 0.02)")
     print(f"machine load: {result['machine_load']}")
 
 

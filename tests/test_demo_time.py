@@ -107,3 +107,39 @@ def test_the_demo_words_a_shared_gpu_and_host_contention_apart() -> None:
     assert "host-CPU contention, reported apart" in line and "0.44 of the pace the simulated GPU prescribes" in line
     assert sharing_line({s.M_KEPT_SPEED_FRACTION: 0.5}).endswith("(100 % slower; measured)")  # a real GPU
     assert sharing_line({}) == ""  # ran alone
+
+
+def test_night2_is_judged_against_a_copy_of_night1_too(store) -> None:  # type: ignore[no-untyped-def]
+    """``night2_error_if_repeating_night1``: night 1's measured figures taken as night 2's prediction."""
+    bench = _bench()
+    uri, nights = store
+    runs = bench.training_runs(uri)
+    first = bench.night_facts([r for r in runs if r["run_id"] in nights["first"]])
+    second = bench.night_facts([r for r in runs if r["run_id"] in nights["second"]])
+    repeating = bench.repeating_errors(first, second)
+    assert repeating["energy_error_max"] == pytest.approx(30 / 500)  # a: |530 − 500| / 500 (b: 20 / 640)
+    assert repeating["duration_error_max"] == pytest.approx(0.0)  # 6 → 6, 7 → 7
+
+
+def test_the_demo_second_night_trains_work_the_first_did_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo's nights: 1 + the nights already in its home; from night 2 each job trains a third more epochs,
+    and the light job allows 25 % slowdown (shares a GPU only when the planner predicts it pays)."""
+    import importlib
+
+    from carbonflow import demo
+    from carbonflow.workloads import catalog
+
+    assert demo.demo_night_of(set(), ["a", "b"]) == 1
+    assert demo.demo_night_of({"r1", "r2"}, ["a", "b"]) == 2
+    monkeypatch.delenv(catalog.DEMO_NIGHT_ENV, raising=False)
+    first = importlib.reload(catalog)
+    assert [j["epochs"] for j in first.NIGHTLY_JOBS] == [15, 12]
+    assert first.JOBS_BY_NAME["digits-cnn-wide-batch"]["max_slowdown"] == 0.25
+    monkeypatch.setenv(catalog.DEMO_NIGHT_ENV, "2")
+    second = importlib.reload(catalog)
+    assert [j["epochs"] for j in second.NIGHTLY_JOBS] == [20, 16]
+    monkeypatch.setenv(catalog.DEMO_NIGHT_ENV, "zero")
+    with pytest.raises(ValueError, match="CARBONFLOW_DEMO_NIGHT='zero' is not allowed"):
+        importlib.reload(catalog)
+    monkeypatch.delenv(catalog.DEMO_NIGHT_ENV)
+    importlib.reload(catalog)
