@@ -121,7 +121,7 @@ class EnergyProfileOperator(BaseOperator):
         self.log.info("profiling %s with %s as run %s; waiting for it without holding a worker", sweep.spec.name,
                       plan.config.key(), handle.run_id)  # fmt: skip
         self.defer(
-            trigger=BackendRunTrigger(self.backend, [handle.model_dump(mode="json")], backend.rebuild_options(),
+            trigger=BackendRunTrigger(handle.backend, [handle.model_dump(mode="json")], backend.rebuild_options(),
                                       state=sweep.state.model_dump(mode="json"), poll_s=self.poll_s),
             method_name="execute_run_ended",
         )  # fmt: skip

@@ -220,7 +220,7 @@ class CarbonAwareTrainingOperator(BaseOperator):
         handles = session.start_deferred(launched) if self.deferrable else None
         if handles:  # the runs outlive this process (pods): wait for them in the triggerer, not in a worker slot
             self.defer(
-                trigger=BackendRunTrigger(self.backend, [h.model_dump(mode="json") for h in handles],
+                trigger=BackendRunTrigger(handles[0].backend, [h.model_dump(mode="json") for h in handles],
                                           session.backend_options(), state=state.model_dump(mode="json"),
                                           clock_offset_s=clock.offset_s, poll_s=self.pod_poll_s),
                 method_name="execute_run_ended",
