@@ -375,7 +375,8 @@ def run(data_dir: Path, *, signal="hist", every_slots=1, limit_starts=None, erro
                 arms["finish_by_12h_epochs_from_history"].append(
                     with_finish_by_unknown_epochs(setting, provider, profile, now, seed, e, actuals)
                 )
-        if kind == "perfect":  # the ceiling: any limit (no slowdown bound), any start, known intensity
+        if kind == "perfect":  # the product near its ceiling: any limit (no slowdown bound), known intensity (its
+            # safer-start guard still asks a later start to beat the error its model assumes)
             arms["finish_by_12h_ceiling_any_slowdown"] = [
                 with_finish_by(setting, oracle, profile, now, e, actuals, CEILING_MAX_SLOWDOWN) for now, _, e in pairs
             ]

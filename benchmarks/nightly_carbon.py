@@ -506,7 +506,8 @@ def ceiling_choice(night: Night, jt: JobType, actual: Forecast) -> tuple[float, 
         return e, t, 0.0, night.emissions_g(e, night.now, t)
     energy = np.array([o[0] for o in options])
     duration = np.array([o[1] for o in options])
-    found = search_starts(actual, duration, night.now, window_s - duration, hold_edges=True)
+    # a reference that knows the intensity: every start is ranked on it, no safer-start guard (guard_z=0)
+    found = search_starts(actual, duration, night.now, window_s - duration, hold_edges=True, guard_z=0.0)
     grams = energy[found.run] / J_PER_KWH * found.mean_gco2_per_kwh
     k = int(np.lexsort((found.start_s, np.round(grams / max(float(grams.max()), 1e-300), 9)))[0])  # ties: earliest
     i = int(found.run[k])
@@ -560,7 +561,12 @@ def bound_choice(
         options.append((ref_s * b0.average_power_w(b0.max_power_w), ref_s, 0.0, jt.b0, b0.max_power_w))
     energy = np.array([o[0] for o in options])
     duration = np.array([o[1] for o in options])
-    found = search_starts(intensity, duration, night.now, [o[2] for o in options], history=recent, hold_edges=True)
+    # on the actual series (no recent actuals handed) the bound knows the intensity: no safer-start guard; on the
+    # planner's forecast it ranks as the product does (the guard at its default)
+    guard = 0.0 if recent is None else None
+    found = search_starts(
+        intensity, duration, night.now, [o[2] for o in options], history=recent, hold_edges=True, guard_z=guard
+    )
     score = energy[found.run] / J_PER_KWH * found.score_gco2_per_kwh
     k = int(np.lexsort((found.start_s, np.round(score / max(float(score.max()), 1e-300), 9)))[0])
     _, _, _, bs, pl = options[int(found.run[k])]

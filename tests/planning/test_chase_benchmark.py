@@ -82,8 +82,10 @@ def test_no_choice_beats_the_exhaustive_ceiling(quick):
     for arms in quick["by_forecast"].values():
         for name, s in arms.items():
             assert s["carbon_reduction"] <= ceiling + 1e-4, name
-    # the product's own search with known intensity and no slowdown bound finds the same ceiling (60 s grid here)
-    assert quick["finish_by_12h_ceiling_carbon_reduction"] == pytest.approx(ceiling, abs=1e-4)
+    # the product's own search with known intensity and no slowdown bound comes within 0.005 of the ceiling (60 s
+    # grid here); not to it: its safer-start guard (windows.START_GUARD_Z) keeps a later start only when the gain
+    # beats the forecast error the product's model assumes, even on a perfect forecast
+    assert quick["finish_by_12h_ceiling_carbon_reduction"] == pytest.approx(ceiling, abs=5e-3)
 
 
 @needs_data
