@@ -134,6 +134,8 @@ PY
   *) echo "serve: CARBONFLOW_SERVE_AUTH='$AUTH' is not allowed; use password or all-admins" >&2; exit 2 ;;
 esac
 
+# A task's supervisor gives up on the api-server after 5 retries of AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT (5 s by
+# default): on a busy laptop (load 25 on 2 cores) a task was SIGKILLed before it started; 30 s rides that out.
 # The environment of every process, also written to stack.env so that `source .carbonflow/stack.env`
 # points a shell's airflow/mlflow/carbonflow commands at this stack. It holds the JWT secret: mode 0600.
 rm -f "$HOME_DIR/stack.env"
@@ -149,6 +151,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES=False
 export AIRFLOW__CORE__EXECUTOR=$EXECUTOR_CLASS
 export AIRFLOW__CORE__PARALLELISM=4
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://127.0.0.1:$AIRFLOW_PORT/execution/"
+export AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT=30
 export AIRFLOW__CORE__AUTH_MANAGER=airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS=$ALL_ADMINS
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="$ADMIN_USER:admin"

@@ -42,7 +42,8 @@ for pidfile in "${sorted[@]}"; do
   if group_alive "$pid"; then
     echo "stop: $name (pid $pid) ignored SIGTERM for ${TIMEOUT_S}s; sending SIGKILL" >&2
     kill -KILL -- "-$pid" 2>/dev/null || true
-    sleep 0.5
+    waited=0  # a killed group is gone once its processes are reaped: give a busy machine a few seconds
+    while group_alive "$pid" && (( waited < 100 )); do sleep 0.1; waited=$((waited + 1)); done
   fi
   if group_alive "$pid"; then
     echo "stop: $name (process group $pid) is still running" >&2
