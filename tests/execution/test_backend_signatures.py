@@ -13,7 +13,7 @@ from carbonflow.execution.kubernetes import KubernetesBackend
 from carbonflow.execution.local import LocalBackend
 
 CLASSES = {"local": LocalBackend, "kubernetes": KubernetesBackend}
-METHODS = ("start", "start_shared", "poll", "collect", "cancel", "execute")
+METHODS = ("start", "start_shared", "poll", "collect", "cancel", "execute", "rebuild_options")
 
 
 def _parameters(function: object) -> list[tuple[str, object, object, object]]:
