@@ -175,10 +175,15 @@ def test_bad_operator_arguments_fail_at_parse_time() -> None:
         CarbonAwareTrainingOperator(task_id="y", job=JOB, max_replans=-1)
 
 
-def test_in_replay_a_wall_clock_finish_by_is_moved_onto_the_replayed_clock() -> None:
+def test_in_replay_a_wall_clock_finish_by_is_moved_onto_the_replayed_clock(monkeypatch) -> None:
     """Finding: with replay on, a finish-by one hour ahead (validated against the real clock) was 3.7 years
     ahead on the replayed clock and the task deferred 250 times. Now it is the same distance ahead of the
-    replayed now, and the operator defers once, to a start inside that window, with a typed wait state."""
+    replayed now, and the operator defers once, to a start inside that window, with a typed wait state.
+    (The safer-start guard is off here: whether tonight's replayed dip beats the forecast error depends on the
+    hour the test runs, and the deferral is only how the test reads the wait state.)"""
+    from carbonflow.carbon import windows
+
+    monkeypatch.setattr(windows, "START_GUARD_Z", 0.0)
     finish_by = datetime.now(UTC) + timedelta(hours=12)  # the night's low-carbon hours lie inside it
     job = {**JOB, "finish_by": finish_by.isoformat()}
     op = CarbonAwareTrainingOperator(task_id="train", job=job, profile_task_id="profile", replay=True,
