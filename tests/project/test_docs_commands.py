@@ -212,12 +212,18 @@ def run_page(markdown: str, page: str, tmp_path: Path, timeout: float = 1500) ->
     home.mkdir(parents=True)
     assert ROOT not in work.parents
     steps, _ = extract(markdown, page)
-    return run_steps(steps, work, user_env(home, work / ".carbonflow"), timeout)
+    outcome = run_steps(steps, work, user_env(home, work / ".carbonflow"), timeout)
+    if outcome.failed:  # the home's own logs say why (pytest removes the folder after a few sessions)
+        logs = sorted((work / ".carbonflow").glob("*.log"))
+        tails = [f"\n--- {log.name} (last lines):\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+                 for log in logs]  # fmt: skip
+        outcome = Outcome(outcome.failed, outcome.ran, outcome.output + "".join(tails))
+    return outcome
 
 
 def _assert_ran(outcome: Outcome, steps: list[Step]) -> None:
     commands = [s for s in steps if not s.path]
-    assert not outcome.failed, f"{outcome.failed}\n--- output (last 6000 characters):\n{outcome.output[-6000:]}"
+    assert not outcome.failed, f"{outcome.failed}\n--- output (last 12000 characters):\n{outcome.output[-12000:]}"
     assert outcome.ran == len(commands), (outcome.ran, len(commands), outcome.output[-3000:])
 
 
