@@ -110,8 +110,9 @@ class ForecastChain:
             zone = zone_for(provider, resolved)
             if zone is None:
                 continue
-            if provider_key(provider) == "neso":
-                zone = "national" if zone == "national" else None
+            history_zone = getattr(provider, "history_zone", None)  # e.g. NESO: only the national series
+            if callable(history_zone):
+                zone = history_zone(zone)
                 if zone is None:
                     continue
             try:
@@ -279,47 +280,26 @@ def default_chain(
         ]
         return ForecastChain(providers, order=order)
 
-    from carbonflow.carbon.providers import (
-        CarbonAwareSdkProvider,
-        ElectricityMapsProvider,
-        HttpSettings,
-        NesoProvider,
-        WattTimeProvider,
-    )
+    from carbonflow.carbon.providers import PROVIDERS, HttpSettings
 
     settings = HttpSettings(timeout_s=timeout_s, retries=retries, cache_dir=Path(cache_dir) if cache_dir else None)
-    neso = NesoProvider(base_url=_cred(creds, "neso", "url", "CARBONFLOW_NESO_URL"), settings=settings)
-    em = ElectricityMapsProvider(
-        token=_cred(creds, "electricitymaps", "token", "CARBONFLOW_ELECTRICITYMAPS_TOKEN"),
-        base_url=_cred(creds, "electricitymaps", "url", "CARBONFLOW_ELECTRICITYMAPS_URL"),
-        settings=settings,
-        emission_factor=(creds.get("electricitymaps") or {}).get("emission_factor", "lifecycle"),
-    )
-    wt = WattTimeProvider(
-        username=_cred(creds, "watttime", "username", "CARBONFLOW_WATTTIME_USERNAME"),
-        password=_cred(creds, "watttime", "password", "CARBONFLOW_WATTTIME_PASSWORD"),
-        base_url=_cred(creds, "watttime", "url", "CARBONFLOW_WATTTIME_URL"),
-        settings=settings,
-    )
-    sdk = CarbonAwareSdkProvider(
-        base_url=_cred(creds, "carbon-aware-sdk", "url", "CARBONFLOW_CARBON_AWARE_SDK_URL"),
-        settings=settings,
-        signal_kind=(creds.get("carbon-aware-sdk") or {}).get("signal_kind", "marginal"),
-    )
-    if sdk.signal_kind not in ("average-direct", "average-lifecycle", "marginal"):
-        raise ValueError(
-            f"credentials['carbon-aware-sdk']['signal_kind']={sdk.signal_kind!r} is not allowed; use "
-            "average-direct, average-lifecycle or marginal (what the SDK's upstream provider gives)"
-        )
+    live: dict[str, Any] = {}
+    for key, entry in PROVIDERS.items():  # every registered provider, in registration order
+        plain = dict(creds.get(key) or {})  # extras such as emission_factor pass through as given
+        plain.update({field: _cred(creds, key, field, env) for field, env in entry.env.items()})
+        live[key] = entry.build(plain, settings)
+    neso, em = live.get("neso"), live.get("electricitymaps")
 
     def live_history(zone: str, start: datetime, end: datetime):
-        if zone.upper() == "GB":
+        if zone.upper() == "GB" and neso is not None:
             return neso.actuals("national", start, end)
+        if em is None:
+            raise NotConfigured(f"no live history source for {zone}")
         return em.history(zone, start, end)
 
     climatology = ClimatologyProvider(
         live_history,
-        signal_kind=lambda z: "average-direct" if z.upper() == "GB" else em.signal_kind,
+        signal_kind=lambda z: "average-direct" if z.upper() == "GB" or em is None else em.signal_kind,
         source="NESO actuals (GB) or Electricity Maps history",
     )
-    return ForecastChain([neso, em, wt, sdk, climatology, StaticProvider()], order=order)
+    return ForecastChain([*live.values(), climatology, StaticProvider()], order=order)

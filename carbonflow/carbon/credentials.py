@@ -1,6 +1,7 @@
 """Credentials for the keyed providers: Airflow connection types and their plain-value mapping (no Airflow import).
 
-The operators register one Airflow connection type per keyed provider (``CONNECTION_TYPES``), read the
+Each provider declares its connection type where it is registered (``carbonflow.carbon.providers``); the
+operators register one Airflow connection type per keyed provider (``CONNECTION_TYPES``), read the
 connection, and hand its plain fields to :func:`credentials_from_connection`; the resulting dict goes to
 ``default_chain(credentials=...)``. Values never appear in reprs produced here.
 """
@@ -11,43 +12,25 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-CONNECTION_TYPES: dict[str, dict[str, Any]] = {
-    "carbonflow_electricitymaps": {
-        "provider": "electricitymaps",
-        "label": "Electricity Maps API (carbonflow)",
-        "fields": {
-            "password": "API token (sent as the auth-token header)",
-            "host": "base URL (optional, default https://api.electricitymap.org/v3)",
-        },
-        "env": {"token": "CARBONFLOW_ELECTRICITYMAPS_TOKEN", "url": "CARBONFLOW_ELECTRICITYMAPS_URL"},
-    },
-    "carbonflow_watttime": {
-        "provider": "watttime",
-        "label": "WattTime API (carbonflow)",
-        "fields": {
-            "login": "username",
-            "password": "password (basic auth to /login)",
-            "host": "base URL (optional, default https://api.watttime.org)",
-        },
-        "env": {
-            "username": "CARBONFLOW_WATTTIME_USERNAME",
-            "password": "CARBONFLOW_WATTTIME_PASSWORD",
-            "url": "CARBONFLOW_WATTTIME_URL",
-        },
-    },
-    "carbonflow_carbon_aware_sdk": {
-        "provider": "carbon-aware-sdk",
-        "label": "Carbon Aware SDK WebAPI (carbonflow)",
-        "fields": {"host": "base URL of the self-hosted WebAPI, e.g. http://carbon-aware-sdk:8080"},
-        "env": {"url": "CARBONFLOW_CARBON_AWARE_SDK_URL"},
-    },
-    "carbonflow_neso": {
-        "provider": "neso",
-        "label": "UK NESO Carbon Intensity API (carbonflow, no key)",
-        "fields": {"host": "base URL (optional, default https://api.carbonintensity.org.uk)"},
-        "env": {"url": "CARBONFLOW_NESO_URL"},
-    },
-}
+
+def connection_types() -> dict[str, dict[str, Any]]:
+    """One Airflow connection type per registered provider that has one (read from the provider registry)."""
+    from carbonflow.carbon.providers import PROVIDERS
+
+    return {
+        entry.connection.conn_type: {
+            "provider": key,
+            "label": entry.connection.label,
+            "fields": dict(entry.connection.fields),
+            "env": dict(entry.env),
+        }
+        for key, entry in PROVIDERS.items()
+        if entry.connection is not None
+    }
+
+
+CONNECTION_TYPES: dict[str, dict[str, Any]] = connection_types()
+"""The built-in providers' connection types (a snapshot at import; :func:`connection_types` sees later ones)."""
 SECRET_FIELDS = frozenset({"token", "password"})
 
 
@@ -74,25 +57,27 @@ def credentials_from_connection(
     extra: str | Mapping[str, Any] | None = None,
 ) -> tuple[str, dict[str, str]]:
     """(provider key, plain credentials) for ``default_chain`` from one Airflow connection's fields."""
-    if conn_type not in CONNECTION_TYPES:
-        raise ValueError(f"conn_type={conn_type!r} is not allowed; use one of {', '.join(sorted(CONNECTION_TYPES))}")
-    provider = CONNECTION_TYPES[conn_type]["provider"]
+    types = connection_types()
+    if conn_type not in types:
+        raise ValueError(f"conn_type={conn_type!r} is not allowed; use one of {', '.join(sorted(types))}")
+    from carbonflow.carbon.providers import PROVIDERS
+
+    provider = types[conn_type]["provider"]
+    connection = PROVIDERS[provider].connection
+    assert connection is not None
     ext = _extra(extra)
     out: dict[str, str] = {}
     url = host or ext.get("url")
     if url:
         out["url"] = str(url)
-    if provider == "electricitymaps":
-        token = password or ext.get("token")
-        if token:
-            out["token"] = str(token)
-        if ext.get("emission_factor"):
-            out["emission_factor"] = str(ext["emission_factor"])
-    elif provider == "watttime":
-        if login or ext.get("username"):
-            out["username"] = str(login or ext.get("username"))
-        if password or ext.get("password"):
-            out["password"] = str(password or ext.get("password"))
+    given = {"login": login, "password": password, "host": host}
+    for airflow_field, name in connection.from_fields.items():
+        value = given.get(airflow_field) or ext.get(name)
+        if value:
+            out[name] = str(value)
+    for name in connection.extra_fields:
+        if ext.get(name):
+            out[name] = str(ext[name])
     return provider, out
 
 

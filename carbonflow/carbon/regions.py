@@ -13,7 +13,21 @@ from functools import lru_cache
 from pathlib import Path
 
 REGIONS_CSV = Path(__file__).parent / "data" / "regions.csv"
-PROVIDER_COLUMNS = ("electricitymaps", "watttime", "neso", "carbon_aware_sdk")
+BASE_COLUMNS = ("region", "kind", "country_iso3", "location")
+
+
+def _zone_columns() -> tuple[str, ...]:
+    """The zone columns of ``regions.csv``: every column after the base ones, one per provider ``zone_key``.
+
+    A provider with zone codes of its own adds its column to the CSV (its fixture) and names it as its
+    ``zone_key``; providers that use the grid zone (``zone_key = "grid"``) or the country need no column.
+    """
+    with REGIONS_CSV.open(newline="") as handle:
+        header = next(csv.reader(handle))
+    return tuple(c for c in header if c not in BASE_COLUMNS)
+
+
+PROVIDER_COLUMNS = _zone_columns()
 NESO_REGION_IDS = {
     1: "North Scotland",
     2: "South Scotland",

@@ -160,6 +160,7 @@ BACKEND_CLASSES: dict[str, str] = {
 """Every backend by name, as ``module:Class``, imported only when asked for: the implementations import this
 contract, so the contract names them instead of importing them (no import circle)."""
 BACKENDS = tuple(BACKEND_CLASSES)
+"""The built-in backends (:func:`register_backend` adds others to :data:`BACKEND_CLASSES`)."""
 _KUBERNETES_SETTINGS = "carbonflow.execution.k8s_manifests:KubernetesSettings"
 
 
@@ -169,11 +170,41 @@ def _load(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def register_backend(name: str, target: str | type) -> None:
+    """Register a backend under ``name``: ``"module:Class"`` (imported when first asked for) or the class itself.
+
+    One line makes a new backend (e.g. a Slurm one in its own module) known to :func:`make_backend`, and so to
+    the session, the profiler and the poll trigger. The class is built as ``Class(workdir)`` and must satisfy
+    :class:`Backend`. A name already taken by another backend is refused.
+    """
+    path = target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
+    if not name or ":" not in path:
+        raise ValueError(f"register_backend({name!r}, {target!r}) is not allowed; give a name and 'module:Class'")
+    known = BACKEND_CLASSES.get(name)
+    if known is not None and known != path:
+        raise ValueError(f"backend={name!r} is taken by {known}; choose another name")
+    BACKEND_CLASSES[name] = path
+    if not isinstance(target, str):
+        _REGISTERED[path] = target  # a class defined outside an importable module (e.g. in a test) stays reachable
+
+
+def unregister_backend(name: str) -> None:
+    """Remove a registered backend (for tests that register a skeleton); the built-in ones stay."""
+    if name in BACKENDS:
+        raise ValueError(f"backend={name!r} is built in and cannot be unregistered")
+    path = BACKEND_CLASSES.pop(name, None)
+    _REGISTERED.pop(path or "", None)
+
+
+_REGISTERED: dict[str, type] = {}
+
+
 def backend_class(name: str) -> type:
-    """The class of the backend called ``name`` (see :data:`BACKEND_CLASSES`)."""
+    """The class of the backend called ``name`` (see :data:`BACKEND_CLASSES` and :func:`register_backend`)."""
     if name not in BACKEND_CLASSES:
-        raise ValueError(f"backend={name!r} is not allowed; use one of {', '.join(BACKENDS)}")
-    return _load(BACKEND_CLASSES[name])
+        raise ValueError(f"backend={name!r} is not allowed; use one of {', '.join(BACKEND_CLASSES)}")
+    path = BACKEND_CLASSES[name]
+    return _REGISTERED[path] if path in _REGISTERED else _load(path)
 
 
 def make_backend(name: str, workdir: Path, kubernetes: dict[str, Any] | None = None) -> Backend:

@@ -1,0 +1,242 @@
+"""Extension seams: a new carbon provider, GPU vendor or execution backend is one new file and one registration line.
+
+Each test registers a toy part (here, in the test file: nothing fake ships in the product) and drives it through
+the public entry point that a user's DAG reaches: ``default_chain`` for a provider, ``make_backend`` and the run
+session for a backend. docs/architecture.md ("Extending carbonflow") shows the same three.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from carbonflow.carbon.base import DEFAULT_HORIZON_S, NotConfigured
+from carbonflow.carbon.chain import default_chain
+from carbonflow.carbon.credentials import connection_types, credentials_from_connection
+from carbonflow.carbon.providers import ConnectionType, register_provider, unregister_provider
+from carbonflow.execution.backend import (
+    Backend,
+    RunHandle,
+    RunOptions,
+    RunStatus,
+    make_backend,
+    register_backend,
+    run_options,
+    run_to_completion,
+    unregister_backend,
+    wait,
+)
+from carbonflow.execution.errors import ExecutionError
+from carbonflow.execution.local import LocalBackend
+from carbonflow.models import Config, Forecast, ForecastPoint, JobSpec, Plan
+
+NOW = datetime(2026, 11, 26, 18, 0, tzinfo=UTC)
+
+# ---------------------------------------------------------------- a carbon provider
+
+
+class ToyProvider:
+    """A toy provider: a flat 123 gCO2/kWh everywhere, after checking its token (``zone_key = "grid"``: it takes
+    the grid zone, so it needs no column in regions.csv)."""
+
+    name = "toy"
+    zone_key = "grid"
+    signal_kind = "average-direct"
+
+    def __init__(self, token: str | None) -> None:
+        self.token = token
+
+    @classmethod
+    def from_credentials(cls, credentials: Mapping[str, Any], settings: Any) -> ToyProvider:
+        return cls(credentials.get("token"))
+
+    def secrets(self) -> list[str]:
+        return [self.token] if self.token else []
+
+    def forecast(self, region: str, now: datetime, horizon_s: float = DEFAULT_HORIZON_S) -> Forecast:
+        if not self.token:
+            raise NotConfigured("toy: no token")
+        points = [ForecastPoint(start=now + timedelta(hours=h), length_s=3600, gco2_per_kwh=123.0) for h in range(48)]
+        return Forecast(region=region, provider=self.name, signal_kind="average-direct", issued_at=now, points=points)
+
+
+@pytest.fixture
+def toy_provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for var in ("CARBONFLOW_ELECTRICITYMAPS_TOKEN", "CARBONFLOW_WATTTIME_USERNAME", "CARBONFLOW_WATTTIME_PASSWORD",
+                "CARBONFLOW_CARBON_AWARE_SDK_URL", "TOY_TOKEN"):  # fmt: skip
+        monkeypatch.delenv(var, raising=False)
+    # The one registration line (in the provider's own module it is a decorator on the class):
+    register_provider(
+        "toy",
+        env={"token": "TOY_TOKEN"},
+        connection=ConnectionType(
+            conn_type="carbonflow_toy", label="Toy", fields={"password": "token"}, from_fields={"password": "token"}
+        ),
+    )(ToyProvider)
+    yield
+    unregister_provider("toy")
+
+
+def test_a_registered_provider_answers_through_the_default_chain(toy_provider: None) -> None:
+    chain = default_chain(credentials={"toy": {"token": "toy-secret-1"}})
+    forecast = chain.forecast("DE", NOW, NOW + timedelta(hours=6))
+    assert forecast.provider == "toy" and forecast.points[0].gco2_per_kwh == 123.0
+    assert forecast.notes[0] == "decided by toy for DE (zone DE)"
+    assert "skipped electricitymaps" in " ".join(forecast.notes)  # the built-in ones were asked first, in order
+
+
+def test_a_registered_provider_gets_its_credentials_from_env_and_its_connection_type(
+    toy_provider: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOY_TOKEN", "from-env-1")
+    assert default_chain().forecast("DE", NOW, NOW + timedelta(hours=6)).provider == "toy"
+    assert connection_types()["carbonflow_toy"]["provider"] == "toy"
+    assert credentials_from_connection("carbonflow_toy", password="k-123") == ("toy", {"token": "k-123"})
+    chain = default_chain(order={"*": ["toy", "static"]})  # chain orders know the new key
+    assert chain.forecast("DE", NOW, NOW + timedelta(hours=6)).provider == "toy"
+
+
+def test_without_the_registration_the_chain_does_not_know_it() -> None:
+    with pytest.raises(ValueError, match="unknown providers"):
+        default_chain(order={"*": ["toy", "static"]})
+
+
+def test_a_provider_key_cannot_be_taken_twice(toy_provider: None) -> None:
+    class Other(ToyProvider):
+        pass
+
+    with pytest.raises(ValueError, match="taken"):
+        register_provider("toy")(Other)
+
+
+# ---------------------------------------------------------------- an execution backend (a Slurm skeleton)
+
+
+class SkeletonBatchBackend:
+    """The skeleton of a batch-scheduler backend, such as Slurm, on the :class:`Backend` contract.
+
+    A real one lives in its own module (``carbonflow/execution/slurm.py``) and is registered with one line,
+    ``register_backend("slurm", "carbonflow.execution.slurm:SlurmBackend")``. Where it would call the
+    scheduler, this skeleton hands the job to the local backend, so the test runs anywhere:
+
+    * ``start``: submit the wrapper's command (Slurm: ``sbatch --parsable --wrap '<command>'``) and return a
+      JSON handle naming the job (Slurm: the job id in ``details``);
+    * ``poll``: ask the scheduler without waiting (Slurm: ``squeue -j <id>`` / ``sacct``);
+    * ``collect``: read the result the wrapper wrote into the run directory (a shared file system);
+    * ``cancel``: ``scancel <id>``; the wrapper restores power limits on SIGTERM;
+    * ``supports_deferral = True``: a batch job outlives its caller, so its task defers on the poll trigger,
+      which rebuilds the backend from ``rebuild_options()``.
+    """
+
+    name = "skeleton"
+    supports_deferral = True
+    supports_shared = False
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self._submit = LocalBackend(workdir)  # stands in for the scheduler (sbatch/squeue/scancel)
+
+    def start(self, spec: JobSpec, plan: Plan, options: RunOptions | None = None) -> RunHandle:
+        inner = self._submit.start(spec, plan, options)
+        return RunHandle(backend=self.name, run_id=inner.run_id, jobs=inner.jobs,
+                         details={"submitted": inner.model_dump_json()})  # fmt: skip
+
+    def start_shared(self, request: Any, options: RunOptions | None = None) -> RunHandle:
+        raise ExecutionError("the skeleton backend runs one job per allocation")
+
+    def _inner(self, handle: RunHandle) -> RunHandle:
+        return RunHandle.model_validate_json(handle.details["submitted"])
+
+    def poll(self, handle: RunHandle) -> RunStatus:
+        return self._submit.poll(self._inner(handle))
+
+    def collect(self, handle: RunHandle) -> Any:
+        return self._submit.collect(self._inner(handle))
+
+    def cancel(self, handle: RunHandle) -> None:
+        self._submit.cancel(self._inner(handle))
+
+    def execute(self, spec: JobSpec, plan: Plan, options: RunOptions | None = None, **fields: Any) -> Any:
+        return run_to_completion(self, spec, plan, run_options(options, fields))
+
+    def rebuild_options(self) -> dict[str, Any]:
+        return {}
+
+    def connection(self) -> dict[str, Any]:
+        return {}
+
+    def kill(self) -> None:
+        return None
+
+
+PROGRESS = (
+    "import json, os, sys, time\n"
+    "for step in range(1, int(sys.argv[1]) + 1):\n"
+    "    time.sleep(0.02)\n"
+    "    with open(os.environ['CARBONFLOW_PROGRESS_FILE'], 'a') as f:\n"
+    "        f.write(json.dumps({'step': step, 'samples': 8 * step}) + '\\n')\n"
+)
+
+
+def _job(tmp_path: Path, steps: int = 10) -> tuple[JobSpec, Plan]:
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(PROGRESS)
+    spec = JobSpec(name="skeleton-job", command=[sys.executable, str(script), str(steps)], steps=steps, region="GB",
+                   device_kind="cpu")  # fmt: skip
+    plan = Plan(job="skeleton-job", config=Config(), start=datetime.now(UTC), predicted_duration_s=1,
+                predicted_energy_j=1, predicted_emissions_g=1, region="GB", forecast_provider="t",
+                reason="skeleton")  # fmt: skip
+    return spec, plan
+
+
+@pytest.fixture
+def skeleton_backend() -> Iterator[None]:
+    register_backend("skeleton", SkeletonBatchBackend)  # the one registration line
+    yield
+    unregister_backend("skeleton")
+
+
+def test_a_registered_backend_is_built_by_make_backend_and_meets_the_contract(
+    skeleton_backend: None, tmp_path: Path
+) -> None:
+    backend = make_backend("skeleton", tmp_path / "runs")
+    assert isinstance(backend, SkeletonBatchBackend) and isinstance(backend, Backend)
+    spec, plan = _job(tmp_path)
+    handle = RunHandle.model_validate_json(backend.start(spec, plan, RunOptions(trace=False)).model_dump_json())
+    assert handle.backend == "skeleton"
+    assert wait(make_backend("skeleton", tmp_path / "runs"), handle, timeout_s=120).state == "finished"
+    run = backend.collect(handle)
+    assert run.exit_code == 0 and run.steps == 10
+
+
+def test_the_run_session_drives_a_registered_backend_through_start_poll_collect(
+    skeleton_backend: None, tmp_path: Path
+) -> None:
+    from carbonflow.session import CarbonSource, RunSession, SessionClock, WaitState
+    from carbonflow.session.state import GroupMember
+
+    spec, plan = _job(tmp_path)
+    session = RunSession(source=CarbonSource(replay=False), workdir=tmp_path / "work", backend="skeleton",
+                         tracking_uri=(tmp_path / "mlruns").as_uri())  # fmt: skip
+    forecast = ToyProvider("t").forecast("GB", plan.start - timedelta(hours=1))  # accounts the run's emissions
+    state = WaitState(members=[GroupMember(job=spec, plan=plan)], first_now=plan.start, forecast=forecast)
+    handles = session.start_deferred(state)  # start: a backend that supports deferral
+    assert handles is not None and len(handles) == 1
+    assert session.backend_options() == {}  # what the poll trigger rebuilds it from
+    backend = make_backend("skeleton", tmp_path / "work")
+    assert wait(backend, handles[0], timeout_s=120).state == "finished"  # poll, as the trigger does
+    outcome = session.finish(state, [h.model_dump(mode="json") for h in handles], SessionClock(0.0))  # collect
+    [job] = outcome.jobs
+    assert job.result is not None and job.result.succeeded and not outcome.failures
+    assert job.result.samples == 80 and job.result.emissions_g > 0
+
+
+def test_an_unregistered_backend_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="backend='skeleton' is not allowed"):
+        make_backend("skeleton", Path("unused"))
