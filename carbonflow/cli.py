@@ -13,8 +13,10 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -58,6 +60,36 @@ def _refuse_file(message: str) -> typer.Exit:
     return typer.Exit(EXIT_BAD_FILE)
 
 
+BAD_INPUT = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+"""What a command refuses in one line (exit 2) at its boundary: bad values (pydantic's ValidationError is a
+ValueError) and paths that are not there, found while it runs (a job's ``working_dir``, a file it names)."""
+
+
+def _problem_text(err: Exception) -> str:
+    """An error as one line: pydantic's problems as ``field: message; …``, anything else as its message."""
+    from pydantic import ValidationError
+
+    if isinstance(err, ValidationError):
+        return "; ".join(f"{'.'.join(str(part) for part in e['loc']) or 'input'}: {e['msg']}" for e in err.errors())
+    if isinstance(err, OSError) and err.filename is not None:
+        return f"{err.filename}: {err.strerror or err}"
+    return str(err)
+
+
+def one_line_errors(command: Callable[..., None]) -> Callable[..., None]:
+    """The command boundary every ``carbonflow`` command goes through: bad input (:data:`BAD_INPUT`) is refused
+    with ``error: …`` on one line and exit code 2, never a traceback (as ``carbonflow plan`` refuses a bad job)."""
+
+    @functools.wraps(command)
+    def guarded(*args: Any, **kwargs: Any) -> None:
+        try:
+            return command(*args, **kwargs)
+        except BAD_INPUT as err:
+            raise _refuse_file(_problem_text(err)) from None
+
+    return guarded
+
+
 def load_job_or_exit(path: Path, option: str):  # -> JobSpec
     """The job in ``path``, read as ``carbonflow plan`` and the job registry read it (YAML or JSON); a file that
     is missing or not a valid job is refused in one line naming ``option``, the file and each problem."""
@@ -99,10 +131,11 @@ def _job_as_json(job: Path, result: Path) -> Path:
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+@one_line_errors
 def run(
     ctx: typer.Context,
     job: Annotated[Path, typer.Option(help="the job's JobSpec (YAML or JSON, as in the job registry)")],
-    plan: Annotated[Path, typer.Option(help="Plan JSON file", exists=True, dir_okay=False)],
+    plan: Annotated[Path, typer.Option(help="Plan JSON file")],
     result: Annotated[Path, typer.Option(help="where to write the measured result (JSON)")],
     trace: Annotated[Path | None, typer.Option(help="write a power trace CSV here")] = None,
     trace_interval: Annotated[float, typer.Option(help="power trace interval (s)", min=0.01)] = 0.5,
@@ -141,6 +174,7 @@ def run(
 
 
 @app.command("run-shared")
+@one_line_errors
 def run_shared(
     request: Annotated[Path, typer.Option(help="SharedRequest JSON: the two jobs, their plans and commands")],
     result: Annotated[Path, typer.Option(help="where to write the measured pair result (JSON)")],
@@ -151,11 +185,11 @@ def run_shared(
     from carbonflow.execution.shared import main_from_file
 
     if not request.is_file():
-        raise typer.BadParameter(f"{request} is not a readable file", param_hint="--request")
+        raise _refuse_file(f"--request: {request} is not a readable file")
     try:
         code = main_from_file(request, result)
     except ValidationError as err:
-        raise typer.BadParameter(str(err), param_hint="--request") from None
+        raise _refuse_file(f"--request: {request} is not a valid SharedRequest JSON: {_problem_text(err)}") from None
     raise typer.Exit(code)
 
 
@@ -164,6 +198,7 @@ HOME_DEFAULT = "$CARBONFLOW_HOME, else ./.carbonflow"  # carbonflow.settings.hom
 
 
 @app.command()
+@one_line_errors
 def profile(
     job: Annotated[Path, typer.Argument(help="the job's JobSpec (YAML or JSON, as in the job registry)")],
     out: Annotated[Path, typer.Option(help="where to write the Profile JSON")] = Path("profile.json"),
@@ -177,13 +212,14 @@ def profile(
 
     from carbonflow.energy.discovery import discover_devices
     from carbonflow.execution.commands import samples_per_epoch
-    from carbonflow.execution.local import LocalBackend
+    from carbonflow.execution.local import LocalBackend, check_working_dir
     from carbonflow.profiling.profiler import ProfilingError, profile_job
     from carbonflow.settings import home_dir
     from carbonflow.terminal import cli_console, print_wrapped
     from carbonflow.units import format_energy_j
 
     spec = load_job_or_exit(job, "JOB")
+    check_working_dir(spec)  # before the progress bar: a working_dir that is not there is refused alone, in one line
     workdir = workdir or home_dir() / "runs" / "cli"
     devices = discover_devices(spec.simulated_gpu, include_cpu=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -212,6 +248,7 @@ def profile(
 
 
 @app.command()
+@one_line_errors
 def demo(
     home: Annotated[
         Path | None, typer.Option(help="state directory (Airflow DB, MLflow store)", show_default=HOME_DEFAULT)
@@ -225,6 +262,7 @@ def demo(
 
 
 @app.command()
+@one_line_errors
 def report(
     job: Annotated[str, typer.Argument(help="the job's name (its recurring key)")],
     out: Annotated[Path | None, typer.Option(help="write the view's plot (PNG) into this folder")] = None,
@@ -260,6 +298,7 @@ def report(
 
 
 @app.command()
+@one_line_errors
 def plan(
     job_file: Annotated[Path, typer.Argument(help="the job's JobSpec (YAML or JSON, as in the job registry)")],
     profile: Annotated[Path | None, typer.Option(help="a Profile JSON (default: the job's newest in MLflow)")] = None,
@@ -277,6 +316,7 @@ DEFAULT_BATCH_SIZE = 64
 
 
 @app.command("try", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@one_line_errors
 def try_command(
     ctx: typer.Context,
     steps: Annotated[int, typer.Option(help="the work to tell the command ($CARBONFLOW_STEPS, {steps})", min=1)] = 100,
@@ -305,6 +345,7 @@ app.add_typer(dags_app, name="dags")
 
 
 @dags_app.command("test")
+@one_line_errors
 def dags_test(
     dag_file: Annotated[
         Path, typer.Argument(help="the DAG file; its folder is the DAGs folder (every DAG file there is parsed)")
@@ -326,6 +367,7 @@ def dags_test(
 
 
 @app.command()
+@one_line_errors
 def serve(
     dags: Annotated[Path | None, typer.Option(help="your DAG folder (Airflow's DAGs folder for this stack)")] = None,
     home: Annotated[
@@ -365,6 +407,7 @@ app.add_typer(spool_app, name="spool")
 
 
 @spool_app.command("replay")
+@one_line_errors
 def spool_replay(
     tracking_uri: Annotated[str | None, typer.Option(help="MLflow tracking URI (default: embedded store)")] = None,
 ) -> None:
@@ -377,6 +420,7 @@ def spool_replay(
 
 
 @spool_app.command("status")
+@one_line_errors
 def spool_status(home: Annotated[Path | None, typer.Option(help=HOME_HELP, show_default=HOME_DEFAULT)] = None) -> None:
     """List the run records waiting in the local spool for MLflow, and those it refused."""
     from rich.table import Table

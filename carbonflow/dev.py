@@ -118,7 +118,9 @@ def run_dag_test(dag_file: Path, home: Path, *, dag_id: str | None = None, live:
     except DevLoopError as err:
         console.print(f"[red]error:[/] {escape(str(err))}")
         return 1
-    elapsed = f"{time.monotonic() - t0:.0f} s" + (f", run {outcome.run_id}" if outcome.run_id else "")
+    elapsed = durations_text(outcome.run_duration_s, time.monotonic() - t0) + (
+        f", run {outcome.run_id}" if outcome.run_id else ""
+    )
     succeeded = code == 0 and outcome.state == "success"
     if succeeded:
         console.print(f"{dag_id} success ({elapsed})", overflow="fold")
@@ -134,6 +136,13 @@ def run_dag_test(dag_file: Path, home: Path, *, dag_id: str | None = None, live:
     print_path(console, "MLflow store:", env["MLFLOW_TRACKING_URI"])
     print_path(console, "read the log:" if not succeeded else "Airflow log:", log_path)
     return 0 if succeeded else (code or 1)
+
+
+def durations_text(run_duration_s: float | None, wall_s: float) -> str:
+    """The run's durations, each named: Airflow's run duration (its DAG run's start to end) and the wall time of
+    ``carbonflow dags test`` (parsing the DAG and starting Airflow included), never one bare figure."""
+    wall = f"{wall_s:.0f} s wall time of `dags test`, parse and start-up included"
+    return wall if run_duration_s is None else f"Airflow run duration {run_duration_s:.0f} s; {wall}"
 
 
 def _read_from(path: Path, offset: int) -> str:
@@ -157,12 +166,15 @@ class DagTestOutcome:
     """The last exception in the log when no task's failure could be told (e.g. Airflow itself failed)."""
     import_errors: list[str] = field(default_factory=list)
     """Files of the DAGs folder Airflow could not import while parsing it."""
+    run_duration_s: float | None = None
+    """Airflow's ``run_duration`` of the DAG run (its start to its end)."""
 
 
 _RECORD = re.compile(r"^\d{4}-\d\d-\d\dT[\d:.]+Z? \[")
 _STARTING = re.compile(r"\[DAG TEST\] starting task_id=(\S+) map_index=(-?\d+)")
 _RUNNING = re.compile(r"\[DAG TEST\] running task <TaskInstance: (\S+) ")
 _FINISHED = re.compile(r"DagRun Finished: dag_id=(\S+?), .*?run_id=([^,\s]+), .*?state=(\w+)")
+_RUN_DURATION = re.compile(r"\brun_duration=([\d.]+)")
 _IMPORT = re.compile(r"Failed to import: (\S+)")
 _CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Failed|Exit|Interrupt)\w*: .+")
@@ -183,6 +195,8 @@ def parse_dags_test_log(text: str, dag_id: str) -> DagTestOutcome:
             outcome.failed_tasks.append((task, _exception_message(_block_after(lines, i))))
         elif (m := _FINISHED.search(line)) is not None and m.group(1) == dag_id:
             outcome.run_id, outcome.state = m.group(2), m.group(3)
+            if (d := _RUN_DURATION.search(line)) is not None:
+                outcome.run_duration_s = float(d.group(1))
         elif (m := _IMPORT.search(line)) is not None and m.group(1) not in outcome.import_errors:
             outcome.import_errors.append(m.group(1))
     found = [line.strip() for line in lines if _EXCEPTION_LINE.match(line.strip())]
@@ -275,7 +289,7 @@ def print_runs(
     """One row per training run: what was chosen, what it cost (predicted and measured), the saving, accuracy;
     then each run's plan reason, whether it was observe-only, and the path of its training log."""
     from carbonflow.tracking import schema as s
-    from carbonflow.units import emissions_unit_for, energy_unit_for, format_number, format_percent
+    from carbonflow.units import emissions_unit_for, energy_unit_for, format_column, format_percent
 
     if not runs:
         console.print("no training run was logged by this DAG run (does it have a CarbonAwareTrainingOperator?)")
@@ -296,15 +310,17 @@ def print_runs(
         table.add_column(header, justify="right", no_wrap=True)
     if len(labels) > 1:
         table.add_column("energy label")
-    for run in runs:
+
+    def column(name: str, per: float) -> list[str]:  # one format per column: the same decimals on every row
+        return format_column([None if name not in r["metrics"] else r["metrics"][name] / per for r in runs])
+
+    cells = zip(column(s.M_PREDICTED_ENERGY_TOTAL_J, per_j), column(s.M_ENERGY_TOTAL_J, per_j),
+                column(s.M_EMISSIONS_G, per_g), strict=True)  # fmt: skip
+    for run, (predicted, measured, emissions) in zip(runs, cells, strict=True):
         m, p = run["metrics"], run["params"]
-        predicted = m.get(s.M_PREDICTED_ENERGY_TOTAL_J)
         table.add_row(
             run["job"], _configuration(p.get(s.P_CONTAINERS), p.get(s.P_POWER_LIMIT_W)),
-            short_time(p.get(s.P_PLANNED_START)),
-            format_number(None if predicted is None else predicted / per_j),
-            format_number(None if s.M_ENERGY_TOTAL_J not in m else m[s.M_ENERGY_TOTAL_J] / per_j),
-            format_number(None if s.M_EMISSIONS_G not in m else m[s.M_EMISSIONS_G] / per_g),
+            short_time(p.get(s.P_PLANNED_START)), predicted, measured, emissions,
             format_percent(m.get(s.M_SAVING_FRACTION)),
             f"{m[s.M_TEST_ACCURACY]:.3f}" if s.M_TEST_ACCURACY in m else "–",
             *([run["tags"].get(s.T_ENERGY_LABELS, "")] if len(labels) > 1 else []),

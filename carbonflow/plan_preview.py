@@ -75,7 +75,7 @@ def run_plan(job_file: Path, profile_file: Path | None, *, live: bool, tracking_
     console = console or cli_console()
     if not job_file.is_file():
         console.print(f"[red]error:[/] job file {escape(str(job_file))} does not exist")
-        return 1
+        return EXIT_INVALID_JOB
     spec, problems = job_file_problems(job_file)
     if spec is not None:
         problems = job_problems(spec) + local_problems(spec, live=live)

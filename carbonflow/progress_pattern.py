@@ -39,10 +39,18 @@ MATCH_TIMEOUT_S = 0.05
 """How long one search of one printed line may take; a line that takes longer counts as unmatched."""
 SHOWN_LINES = 8
 SHOWN_LINE_CHARS = 200
+UNMATCHED_GRACE_S = 30.0
+"""Profiling: lines printed this long after the start (less when ``profile_report_timeout_s`` / 10 is shorter)
+are past a script's start-up chatter; when the pattern has matched none of them, and the command has printed a
+profile's worth of them (warm-up + measured steps + 1 newline-ended lines), profiling stops it and says so."""
+UNMATCHED_STOP_NOTE = "profiling stopped the training early: progress_pattern matched none of"
+"""Starts the note of a profile run the wrapper stopped because the pattern matched nothing it printed."""
 
 
-def _short(value: str, limit: int = 80) -> str:
-    text = repr(value)
+def _short(value: str, limit: int = 160) -> str:
+    """The pattern as the user wrote it, in quotes (``'epoch (?P<epoch>\\d+)'``, never repr's ``\\\\d``), cut at
+    ``limit`` characters."""
+    text = f"'{value}'"
     return text if len(text) <= limit else f"{text[: limit - 1]}… ({len(value)} characters)"
 
 
@@ -154,6 +162,14 @@ class SeenLines:
             f"{UNMATCHED_NOTE}: progress_pattern={_short(pattern)} matched none of the {self.count} line(s) the "
             f"command printed; the last of them: {shown}"
         )
+
+
+def unmatched_stop_note(lines: int, after_s: float, elapsed_s: float) -> str:
+    """The note of a profile run stopped because the pattern matched none of ``lines`` printed lines."""
+    return (
+        f"{UNMATCHED_STOP_NOTE} the {lines} line(s) the command printed after its first {after_s:g} s "
+        f"(stopped {elapsed_s:.0f} s after the start, rather than at the script's end)"
+    )
 
 
 def timed_out_note(pattern: str, lines: int) -> str:

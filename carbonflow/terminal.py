@@ -57,13 +57,15 @@ def print_path(console: Console, label: str, path: object, *, indent: str = "") 
 
 
 def short_time(iso: str | None, suffix: str = "") -> str:
-    """An ISO time as ``03-15 02:00`` plus ``suffix`` (no year, seconds or microseconds); ``'–'`` when missing,
-    the text itself when it is not a time."""
+    """An ISO time as ``03-15 02:00`` plus ``suffix`` (no year; rounded to the nearest minute, as the plan's reason
+    and the report show it); ``'–'`` when missing, the text itself when it is not a time."""
     from datetime import datetime
+
+    from carbonflow.units import nearest_minute
 
     if not iso:
         return "–"
     try:
-        return datetime.fromisoformat(iso).strftime("%m-%d %H:%M") + suffix
+        return nearest_minute(datetime.fromisoformat(iso)).strftime("%m-%d %H:%M") + suffix
     except ValueError:
         return iso

@@ -10,6 +10,9 @@ kWh appears only where a grid intensity is per kWh and in the
 
 from __future__ import annotations
 
+import math
+from datetime import datetime, timedelta
+
 J_PER_KWH = 3.6e6
 """Joules in one kilowatt-hour."""
 
@@ -75,6 +78,27 @@ def format_percent(fraction: float | None, digits: int = 1) -> str:
         return "–"
     value = round(100.0 * float(fraction), digits)
     return f"{value + 0.0:.{digits}f}"  # + 0.0 turns -0.0 into 0.0
+
+
+def format_column(values: list[float | None], digits: int = 3) -> list[str]:
+    """One column's numbers with one format: as many decimals as the column's largest value needs for ``digits``
+    significant digits, the same for every row (``95.5``, ``58.0``, ``59.6``; ``0.00`` beside ``4.88``, never
+    ``0`` beside ``4.88``); None → ``'–'``."""
+    known = [abs(float(v)) for v in values if v is not None]
+    largest = max(known, default=0.0)
+    decimals = 0 if largest == 0 else max(0, digits - 1 - math.floor(math.log10(largest)))
+    return ["–" if v is None else _fixed(float(v), decimals) for v in values]
+
+
+def _fixed(value: float, decimals: int) -> str:
+    text = f"{value:.{decimals}f}"
+    return text.lstrip("-") if float(text) == 0 else text  # no -0.00
+
+
+def nearest_minute(when: datetime) -> datetime:
+    """``when`` rounded to the nearest minute: a planned start of 01:59:59.9995 is shown 02:00 everywhere (the
+    plan's reason, the ``dags test`` summary, the report), never 01:59 in one place and 02:00 in another."""
+    return (when + timedelta(seconds=30)).replace(second=0, microsecond=0)
 
 
 def emissions_g_from(energy_j: float, intensity_gco2_per_kwh: float) -> float:

@@ -52,7 +52,7 @@ def test_plan_without_any_profile_says_what_to_do(tmp_path: Path, monkeypatch) -
     assert done.exit_code == 1 and "has no profile in MLflow yet" in done.output
     assert str(store) in " ".join(done.output.split()).replace(" ", "")  # it names the store it read
     bad = CliRunner().invoke(app, ["plan", str(tmp_path / "missing.yaml")])
-    assert bad.exit_code == 1 and "missing.yaml" in bad.output
+    assert bad.exit_code == 2 and "missing.yaml" in bad.output  # bad input: exit 2, as every command (issue 25)
 
 
 def _lines(output: str) -> list[str]:

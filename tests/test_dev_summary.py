@@ -59,7 +59,7 @@ def test_the_one_saving_figure_is_the_same_in_the_task_log_mlflow_and_the_carbon
     from carbonflow.web.data import RunRow
 
     line = saving_line("night-job", MEASURED)
-    assert f"saving {format_saving(MEASURED)} carbon (measured" in line and "saving_fraction" in line
+    assert f"measured saving {format_saving(MEASURED)} carbon vs start now" in line and "saving_fraction" in line
     row = RunRow(run_id="a" * 32, experiment_id="1", job="night-job", started_at=datetime(2023, 3, 15, tzinfo=UTC),
                  status="FINISHED", config_key="c2-pl175", power_limit_w="175", containers="2", planned_start="",
                  region="GB", forecast_provider="replay", duration_s=1, energy_total_j=1, emissions_g=0.0645,

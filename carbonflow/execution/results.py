@@ -83,9 +83,10 @@ def to_run_result(
     run_now_g = saving_g = saving_fraction = None
     if baseline_energy_ratio is not None and baseline_intensity_gco2_per_kwh is not None:
         run_now_g = energy_total_j * baseline_energy_ratio / J_PER_KWH * baseline_intensity_gco2_per_kwh
-        saving_g = run_now_g - emissions
         from carbonflow.planning.saving import saving_fraction as one_saving_fraction  # lazy: the planner is heavy
+        from carbonflow.planning.saving import saving_g as one_saving_g
 
+        saving_g = one_saving_g(emissions, run_now_g)  # exactly 0 within float noise of the baseline
         saving_fraction = one_saving_fraction(emissions, run_now_g)  # carbonflow's one saving definition
         notes.append("emissions_run_now_default_g is predicted (profile energy ratio × run-now intensity)")
     if plan.replay:

@@ -42,6 +42,7 @@ from carbonflow.execution.gpus import (
 from carbonflow.execution.printed_lines import PatternProgress, own_streams
 from carbonflow.execution.signing import RESULT_LINE_PREFIX, result_line, sign_result, take_result_key
 from carbonflow.models import Config, DeviceEnergy, JobSpec, Plan, UtcDatetime, utcnow
+from carbonflow.progress_pattern import UNMATCHED_GRACE_S, unmatched_stop_note
 from carbonflow.training import (
     MAX_STEPS_ENV,
     OUTPUT_DIR_ENV,
@@ -455,6 +456,12 @@ def _run_on(
                             _stop_child(child)
                             exit_code = child.returncode if child.returncode is not None else -signal.SIGTERM
                             break
+                        if lines is not None and lines.matched_nothing_in(sweep.warmup_steps + sweep.profile_steps + 1):
+                            notes.append(unmatched_stop_note(lines.unmatched_late, lines.grace_s,
+                                                             time.monotonic() - start_s))  # fmt: skip
+                            _stop_child(child)
+                            exit_code = child.returncode if child.returncode is not None else -signal.SIGTERM
+                            break
                     if code is not None:
                         exit_code = code
                         break
@@ -685,7 +692,10 @@ def _pattern_progress(spec: JobSpec, plan: Plan) -> PatternProgress | None:
     """The reader of the training's printed lines when the job has a ``progress_pattern``."""
     if spec.progress_pattern is None:
         return None
-    return PatternProgress(spec.progress_pattern, plan.config.batch_size or spec.batch_size, spec.samples_per_epoch)
+    grace_s = min(UNMATCHED_GRACE_S, spec.profile_report_timeout_s / 10)
+    return PatternProgress(
+        spec.progress_pattern, plan.config.batch_size or spec.batch_size, spec.samples_per_epoch, grace_s=grace_s
+    )
 
 
 def _stop_measured(child: subprocess.Popen[bytes], notes: list[str]) -> int:

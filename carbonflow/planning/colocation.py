@@ -41,7 +41,7 @@ from carbonflow.models import Config, EnergyLabel, Forecast, ForecastPoint, JobS
 from carbonflow.planning.batch_size import batch_size_explorer, batch_size_of, deadline_epochs, point_power_w
 from carbonflow.planning.learning import JobHistory, slowdown_from_kept_speed
 from carbonflow.planning.optimizer import Candidate, DeadlineError, plan_job, predict_candidates
-from carbonflow.units import J_PER_KWH
+from carbonflow.units import J_PER_KWH, nearest_minute
 
 
 @dataclass(frozen=True)
@@ -479,10 +479,10 @@ def plan_night(
             )
             reason = (
                 f"co-located with {other} on one GPU at {_w(ref.config.power_limit_w)}, start "
-                f"{'now' if opt.start_s == 0 else start.strftime('%H:%M') + ' UTC'}: {sharing}predicted run "
-                f"{slow * 100:.0f} % longer, within {by_name[me].max_slowdown * 100:.0f} %, pair saves "
-                f"{opt.saving:.4g} {opt.unit} vs separate plans; finishes "
-                f"{finish.strftime('%H:%M')}"
+                f"{'now' if opt.start_s == 0 else f'{nearest_minute(start):%H:%M} UTC'}: {sharing}predicted run "
+                f"{slow * 100:.0f} % longer, within {by_name[me].max_slowdown * 100:.0f} %, pair's "
+                f"predicted saving {opt.saving:.4g} {opt.unit} vs separate plans; finishes "
+                f"{nearest_minute(finish).strftime('%H:%M')}"
             )
             plans[me] = base.model_copy(
                 update={

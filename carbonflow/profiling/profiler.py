@@ -24,7 +24,7 @@ from carbonflow.execution.backend import RunOptions
 from carbonflow.execution.shared import SharedMember, SharedRequest, SharedRun, contention_note
 from carbonflow.execution.wrapper import SHORT_WINDOW, WINDOW_TOO_SHORT, MeasuredWindow, WrappedRun
 from carbonflow.models import PROFILE_NOISE, Config, JobSpec, Plan, Profile, ProfilePoint, utcnow
-from carbonflow.progress_pattern import UNMATCHED_NOTE
+from carbonflow.progress_pattern import UNMATCHED_NOTE, UNMATCHED_STOP_NOTE
 
 if TYPE_CHECKING:
     from carbonflow.planning.colocation import PairProfile
@@ -66,7 +66,7 @@ def _log_tail(run: WrappedRun, lines: int = 3) -> str:
 def silent_job_message(spec: JobSpec, run: WrappedRun) -> str:
     """What to tell the user of a training that reported no progress while it was profiled: a training that
     failed before its first report is told as a failure, with its log's last lines."""
-    stopped_by_us = any("no progress reported" in note for note in run.notes)
+    stopped_by_us = any("no progress reported" in note or note.startswith(UNMATCHED_STOP_NOTE) for note in run.notes)
     if run.exit_code != 0 and not stopped_by_us:
         tail = _log_tail(run)
         return (
@@ -74,9 +74,12 @@ def silent_job_message(spec: JobSpec, run: WrappedRun) -> str:
             f"its log: {_log_path(run)}" + (f"; last lines: {tail}" if tail else "")
         )
     unmatched = next((note for note in run.notes if note.startswith(UNMATCHED_NOTE)), None)
+    early = next((note for note in run.notes if note.startswith(UNMATCHED_STOP_NOTE)), None)
     if unmatched is not None:
         return (
-            f"profiling {spec.name} measured nothing in its first profiling window: {unmatched}. Make the pattern "
+            f"profiling {spec.name} measured nothing in its first profiling window: {unmatched}"
+            + (f" ({early[len('profiling ') :]})" if early else "")
+            + ". Make the pattern "
             'match the line the script prints once per epoch or step (docs/own-job.md, "Progress from the '
             f"script's own output\"). The training's log: {_log_path(run)}"
         )

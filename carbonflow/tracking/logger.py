@@ -18,7 +18,7 @@ from carbonflow.tracking import schema
 from carbonflow.tracking.plots import forecast_plot, pareto_plot
 from carbonflow.tracking.records import ArtifactFile, RegistryRequest, RunRecord, TrackingOutcome
 from carbonflow.tracking.spool import deliver, new_idempotency_key
-from carbonflow.units import J_PER_KWH, format_emissions_g, format_energy_j
+from carbonflow.units import J_PER_KWH, format_emissions_g, format_energy_j, nearest_minute
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +285,7 @@ def training_record(
         job=spec.name,
         kind=schema.KIND_TRAINING,
         experiment=schema.experiment_name(spec.name),
-        run_name=f"{spec.name} {result.started_at:%Y-%m-%d %H:%M} {config.key()}",
+        run_name=f"{spec.name} {nearest_minute(result.started_at):%Y-%m-%d %H:%M} {config.key()}",
         start_time_ms=_ms(result.started_at),
         end_time_ms=_ms(result.ended_at),
         status="FINISHED" if result.succeeded else "FAILED",
@@ -348,11 +348,11 @@ def log_training_run(
 def saving_line(job: str, saving_fraction: float) -> str:
     """The task log's line for the run's one saving figure: the same as MLflow's ``saving_fraction``, the
     ``dags test`` summary's and the Carbon page's."""
-    from carbonflow.planning.saving import format_saving  # lazy: the planner is heavy
+    from carbonflow.planning.saving import measured_saving_phrase  # lazy: the planner is heavy
 
     return (
-        f"{job}: saving {format_saving(saving_fraction)} carbon (measured: this run's emissions against the predicted "
-        "emissions of starting now at the default configuration; MLflow saving_fraction)"
+        f"{job}: {measured_saving_phrase(saving_fraction)} (this run's emissions against the predicted emissions "
+        "of that baseline; MLflow saving_fraction)"
     )
 
 

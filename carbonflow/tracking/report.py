@@ -18,10 +18,11 @@ from carbonflow.tracking.uri import redacted_uri, resolve_tracking_uri
 from carbonflow.units import (
     emissions_unit_for,
     energy_unit_for,
+    format_column,
     format_emissions_g,
     format_energy_j,
-    format_number,
     format_percent,
+    nearest_minute,
     tidy_zero,
 )
 
@@ -59,7 +60,20 @@ class ReportRow:
     predicted_energy_j: float
     predicted_emissions_g: float
     recorded_at: str = ""
-    """Wall-clock time its record was made (``carbonflow.recorded_at``; empty for older runs)."""
+    """Wall-clock time its record was made (``carbonflow.recorded_at``; empty for older runs): when it ran (ended).
+    A replayed run's ``started_at`` is the replayed date, so two nights can share it."""
+    energy_gpu_j: float | None = None
+    energy_cpu_j: float | None = None
+
+    @property
+    def ran(self) -> str:
+        """When it ran, wall clock, to the minute (``2026-11-26 09:45``); '' when not recorded."""
+        from datetime import datetime
+
+        try:
+            return f"{nearest_minute(datetime.fromisoformat(self.recorded_at)):%Y-%m-%d %H:%M}"
+        except ValueError:
+            return ""
 
 
 @dataclass
@@ -88,12 +102,15 @@ class ReportData:
         return sum(r.saving_g for r in self.rows if r.saving_g is not None)
 
 
-def _row(r: RealisedVsPredicted, recorded_at: str = "") -> ReportRow:
+def _row(r: RealisedVsPredicted, recorded: _Recorded | None = None) -> ReportRow:
+    recorded = recorded or _Recorded()
     return ReportRow(
-        recorded_at=recorded_at,
+        recorded_at=recorded.at,
+        energy_gpu_j=recorded.gpu_j,
+        energy_cpu_j=recorded.cpu_j,
         recurrence=r.recurrence,
         run_id=r.run_id,
-        started_at=r.started_at.strftime("%Y-%m-%d %H:%M"),
+        started_at=nearest_minute(r.started_at).strftime("%Y-%m-%d %H:%M"),
         config_key=r.config_key,
         containers=r.containers,
         power_limit_w=r.power_limit_w,
@@ -169,7 +186,7 @@ def build_report(
         extra = f" ({waiting} waiting in the local spool)" if waiting else ""
         raise LookupError(f"no training runs of job {job!r} in {redacted_uri(uri)}{extra}; {_jobs_in_store(uri)}")
     recorded = _recorded_at(job, uri)
-    rows = sorted((_row(r, recorded.get(r.run_id or "", "")) for r in history), key=time_order)
+    rows = sorted((_row(r, recorded.get(r.run_id or "")) for r in history), key=time_order)
     if last_n is not None:
         rows = rows[-last_n:]
     report = ReportData(
@@ -181,38 +198,86 @@ def build_report(
     )
     if waiting:
         report.notes.append(f"{waiting} run(s) of {job} wait in the local spool for the tracking server")
-    labels = sorted({r.energy_labels for r in rows})
-    if any(label != "measured" for label in labels):
-        report.notes.append(f"energy labels present: {', '.join(labels)} (not every figure is a hardware reading)")
-    else:
-        report.notes.append("energy labels: measured")
-    replayed = sum(1 for r in rows if r.replay)
-    if replayed:
-        report.notes.append(f"{replayed} of {len(rows)} runs used replayed carbon-intensity data, not a live API")
+    report.notes.extend(which_figures(rows))
     if report.png_path is not None:
         render_png(report)
     return report
 
 
-def _recorded_at(job: str, uri: str) -> dict[str, str]:
-    """Each MLflow run's ``carbonflow.recorded_at`` (wall clock), by run id."""
+@dataclass(frozen=True)
+class _Recorded:
+    at: str = ""
+    gpu_j: float | None = None
+    cpu_j: float | None = None
+
+
+def _recorded_at(job: str, uri: str) -> dict[str, _Recorded]:
+    """Each MLflow run's ``carbonflow.recorded_at`` (wall clock) and its GPU and CPU energy, by run id."""
     views = run_views(job, tracking_uri=uri, include_spool=False, strict=True)
-    return {v.run_id: v.tags.get(schema.T_RECORDED_AT, "") for v in views if v.run_id}
+    recorded = {}
+    for v in views:
+        if v.run_id:
+            at = v.tags.get(schema.T_RECORDED_AT, "")
+            recorded[v.run_id] = _Recorded(
+                at, v.metrics.get(schema.M_ENERGY_GPU_J), v.metrics.get(schema.M_ENERGY_CPU_J)
+            )
+    return recorded
 
 
 def time_order(row: ReportRow) -> tuple[str, str, int]:
-    """Oldest first: by start (UTC), then by when the record was made (two nights replaying the same date start
-    at the same replayed time), then by recurrence."""
-    return row.started_at, row.recorded_at, row.recurrence or 0
+    """In the order they ran: by the wall-clock time each run was recorded (a replayed run's start is the replayed
+    date: night 2 replaying 03-14 18:01 ran after night 1 replaying 03-15 02:00), by start for runs recorded before
+    carbonflow kept that time, then by recurrence."""
+    from datetime import datetime
+
+    try:
+        ran = f"{datetime.fromisoformat(row.recorded_at):%Y-%m-%d %H:%M:%S.%f}"  # to the microsecond: ties are rare
+    except ValueError:
+        ran = row.started_at
+    return ran, row.started_at, row.recurrence or 0
+
+
+def which_figures(rows: list[ReportRow]) -> list[str]:
+    """The report's footer: which of its figures are measured, estimated or simulated, run by run (runs numbered
+    in the table's order), and what the CO2e and the savings rest on."""
+    by_label: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_label.setdefault(r.energy_labels.replace(",", " + "), []).append(i)
+    parts = []
+    for label, indexes in sorted(by_label.items()):
+        picked = [rows[i] for i in indexes]
+        cpu_only = all(r.energy_cpu_j and not r.energy_gpu_j for r in picked)
+        what = {
+            "measured": "read from hardware counters",
+            "estimated": "a power model, not a hardware reading",
+            "simulated": "a simulated GPU, not a hardware reading",
+        }.get(label, "part hardware reading, part not")
+        where = "; CPU only, no GPU energy" if cpu_only else ""
+        which = (
+            "all runs"
+            if len(indexes) == len(rows)
+            else ("run " if len(indexes) == 1 else "runs ") + ", ".join(str(i + 1) for i in indexes)
+        )
+        parts.append(f"{label} for {which} ({what}{where})")
+    notes = ["energy: " + "; ".join(parts)]
+    replayed = sum(1 for r in rows if r.replay)
+    source = "replayed grid intensity (recorded, not live)" if replayed == len(rows) else (
+        f"grid intensity ({replayed} of {len(rows)} runs replayed)" if replayed else "live grid intensity")  # fmt: skip
+    all_measured = all(label == "measured" for label in by_label)
+    notes.append(f"CO2e: that energy × the {source}" + ("" if all_measured else ", so not measured either"))
+    notes.append("saved: vs a predicted baseline (start at once, default power limit), never measured")
+    notes.append("time, acc.: measured and reported by the run; ran: when it ended (wall clock)")
+    return notes
 
 
 def run_labels(rows: list[ReportRow]) -> list[str]:
-    """One distinct label per run: its start date, its configuration and the run (``#recurrence``, else the
-    MLflow run id's start, else its place in the report)."""
+    """One distinct label per run: its number in time order and when it ran (wall clock), its start (replayed or
+    not), its configuration and the run (``#recurrence``, else the MLflow run id's start, else its place)."""
     labels = []
     for i, r in enumerate(rows):
         run = f"#{r.recurrence}" if r.recurrence is not None else f"run {r.run_id[:6]}" if r.run_id else f"run {i + 1}"
-        labels.append(f"{r.started_at[5:]}\n{r.config_key}\n{run}")
+        ran = f"{i + 1}: ran {r.ran[5:]}\n" if r.ran else ""
+        labels.append(f"{ran}{r.started_at[5:]}{' replay' if r.replay and r.ran else ''}\n{r.config_key}\n{run}")
     seen: dict[str, int] = {}
     for i, label in enumerate(labels):  # still the same (a spooled run twice): number them
         seen[label] = seen.get(label, 0) + 1
@@ -262,9 +327,14 @@ def render_table(report: ReportData) -> Table:
     show_recurrence = any(r.recurrence is not None for r in rows)
     show_others = any(r.colocated_with != "-" for r in rows)
     show_labels = len({_labels(r) for r in rows}) > 1
+    show_ran = any(r.ran for r in rows)  # when it ran (wall clock) beside its (replayed) start
+    table.add_column("run", justify="right", no_wrap=True)
     if show_recurrence:
         table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("started (UTC)", min_width=10)
+    if show_ran:
+        table.add_column("ran\n(UTC)", min_width=5)
+    replayed = any(r.replay for r in rows)
+    table.add_column(f"{'replayed ' if replayed and show_ran else ''}start (UTC)", min_width=10)
     table.add_column("config", overflow="fold", min_width=6)
     if show_others:
         table.add_column("with", overflow="fold")
@@ -272,16 +342,25 @@ def render_table(report: ReportData) -> Table:
         table.add_column(header.replace(" ", "\n"), justify="right", no_wrap=True)
     if show_labels:
         table.add_column("labels", min_width=9)
-    for row, saving in zip(rows, savings, strict=True):
+    columns = zip(  # one format per column: the same decimals on every row (never 58 beside 59.6)
+        format_column([r.duration_s for r in rows], 4),
+        format_column([r.energy_total_j / per_j for r in rows], 4),
+        format_column([r.emissions_g / per_g for r in rows]),
+        format_column([None if s is None else s / per_s for s in savings]),
+        strict=True,
+    )
+    for i, (row, saving, (duration, energy, emissions, saved)) in enumerate(zip(rows, savings, columns, strict=True)):
         table.add_row(
+            str(i + 1),
             *(["-" if row.recurrence is None else str(row.recurrence)] if show_recurrence else []),
-            row.started_at,
+            *([row.ran[5:] or "-"] if show_ran else []),
+            row.started_at[5:] if show_ran else row.started_at,
             row.config_key,
             *([row.colocated_with] if show_others else []),
-            _fmt(row.duration_s, ".1f"),
-            format_number(row.energy_total_j / per_j, 4),
-            format_number(row.emissions_g / per_g),
-            format_number(None if saving is None else saving / per_s),
+            duration,
+            energy,
+            emissions,
+            saved,
             format_percent(0.0 if saving == 0 else row.saving_fraction),
             _fmt(row.test_accuracy, ".3f"),
             *([_labels(row)] if show_labels else []),
@@ -345,7 +424,7 @@ def render_png(report: ReportData) -> Path:
     ax.legend(fontsize=8)
     for ax in axes.flat:
         ax.set_xticks(xs, ticks)
-        ax.set_xlabel("run, oldest first: start (UTC) / configuration / run")
+        ax.set_xlabel("run, in the order they ran: number, when it ran / start (UTC) / configuration / run")
         ax.tick_params(axis="x", labelsize=7 if len(rows) > 8 else 9)
         ax.grid(alpha=0.3)
     labels = ", ".join(sorted({r.energy_labels for r in rows}))
@@ -420,7 +499,7 @@ def render_energy_accuracy_png(report: ReportData, path: Path) -> Path:
         rows = [r for r in report.rows if r.config_key == c.config_key and r.test_accuracy is not None]
         ax.scatter([r.energy_total_j / per_unit for r in rows], [r.test_accuracy for r in rows], label=c.config_key)
     front = sorted((c for c in summaries if c.pareto), key=lambda c: c.energy_mean_j)
-    if front:
+    if len(front) >= 2:  # a front of one point draws no line: no legend entry for it either
         ax.plot([c.energy_mean_j / per_unit for c in front], [c.accuracy_mean for c in front], "k--",
                 linewidth=1, label="Pareto front (means)")  # fmt: skip
     ax.set_xlabel(f"energy per run ({unit})")

@@ -115,5 +115,5 @@ def test_the_task_log_gets_the_runs_one_saving_figure_and_a_crashed_run_none(hom
     run = client_for(outcome.tracking_uri).get_run(outcome.run_id)
     shown = format_saving(run.data.metrics[schema.M_SAVING_FRACTION])
     lines = [r.getMessage() for r in caplog.records if "saving" in r.getMessage()]
-    assert lines == [f"digits: saving {shown} carbon (measured: this run's emissions against the predicted emissions "
-                     "of starting now at the default configuration; MLflow saving_fraction)"]  # fmt: skip
+    assert lines == [f"digits: measured saving {shown} carbon vs start now at the default configuration (this run's "
+                     "emissions against the predicted emissions of that baseline; MLflow saving_fraction)"]  # fmt: skip

@@ -70,7 +70,7 @@ def test_report_matches_run_metrics(server: MlflowServer, home: Path, job_name: 
         assert f"({unit})" in text and f"{row.energy_total_j / per_unit:.4g}" in text
         assert f"{row.test_accuracy:.3f}" in text
         assert row.config_key in text
-    assert "measured,estimated" in text and "replayed carbon-intensity data" in text  # the caption says it once
+    assert "energy: measured + estimated for all runs" in text and "replayed grid intensity" in text  # said once
 
     assert png.stat().st_size > 10_000
     with Image.open(png) as image:
@@ -233,7 +233,7 @@ def test_report_table_fits_100_columns_piped_without_breaking_words_and_shows_ze
     assert "…" not in text
     assert "e-19" not in text and "-0.0" not in text
     zero_row = next(line for line in lines if "2023-03-15" in line)
-    assert re.search(r"│\s+0\s+│\s+0\.0\s+│", zero_row), zero_row
+    assert re.search(r"│\s+0\.00\s+│\s+0\.0\s+│", zero_row), zero_row  # zero, in its column's one format (issue 25)
     assert "(J)" in text and "(mg)" in text and "(%)" in text  # units in the headers, numbers in the cells
     assert not re.search(r"\d (J|kJ|mg|g) *│", text)
 

@@ -48,9 +48,10 @@ def test_report_png_lists_runs_in_time_order_with_distinct_labels_and_accuracy_a
     assert report.rows[0].started_at == report.rows[1].started_at  # the same replayed start...
     labels = [t.get_text() for t in axes[0].get_xticklabels()]
     assert len(set(labels)) == 2, labels  # ...yet two labels
-    for label, run_id in zip(labels, two_replayed_nights, strict=True):
-        date, config, run = label.splitlines()
-        assert date == report.rows[0].started_at[5:] and config == report.rows[0].config_key
+    for i, (label, run_id) in enumerate(zip(labels, two_replayed_nights, strict=True)):
+        ran, date, config, run = label.splitlines()  # the night, when it ran (wall clock), its replayed start, ...
+        assert ran == f"{i + 1}: ran {report.rows[i].ran[5:]}"
+        assert date == f"{report.rows[0].started_at[5:]} replay" and config == report.rows[0].config_key
         assert run == f"run {run_id[:6]}"
     accuracy = next(ax for ax in axes if ax.get_title() == "test_accuracy")
     assert accuracy.get_ylim()[1] == 1.0
@@ -63,7 +64,7 @@ def test_run_labels_use_the_recurrence_when_there_is_one_and_stay_distinct() -> 
     from dataclasses import replace
 
     rows = [f_row(i) for i in range(3)]
-    assert [label.splitlines()[2] for label in run_labels(rows)] == ["#1", "#2", "#3"]
+    assert [label.splitlines()[-1] for label in run_labels(rows)] == ["#1", "#2", "#3"]
     same = [replace(rows[0], recurrence=None, run_id=None)] * 2
     assert len(set(run_labels(same))) == 2
 
