@@ -332,6 +332,9 @@ def plan_job(
     if why:
         notes.append(why)
     em_best = float(choice.em[choice.best])
+    held = _why_not_later(spec, choice, now) if forecast is not None else None
+    if held:
+        notes.append(held)
     reason = _reason(
         spec, chosen, start, em_best, baseline.predicted_emissions_g, tonight.ref_c, now, forecast is not None, notes
     )
@@ -603,6 +606,24 @@ def _why_not_better(
     if parse_objective(spec.objective)[0] == "carbon" and robust:
         return f"{what} by the raw forecast, but the recent actuals make its window less likely to be low"
     return f"{what} but costs more under the objective {spec.objective}, which also weighs time"
+
+
+def _why_not_later(spec: JobSpec, choice: _Choice, now: datetime) -> str | None:
+    """Why the run starts now although the forecast shows a lower window for the same configuration: the
+    window's gain is within the forecast's error at its lead (the safer-start rule, the recent actuals)."""
+    if float(choice.start_s[choice.best]) > 0 or parse_objective(spec.objective)[0] != "carbon":
+        return None
+    em = float(choice.em[choice.best])
+    later = (choice.cfg_idx == choice.cfg_idx[choice.best]) & choice.feasible & (choice.start_s > 0)
+    if not np.any(later) or float(np.min(choice.em[later])) >= em * 0.99:
+        return None
+    k = np.flatnonzero(later)[int(np.argmin(choice.em[later]))]
+    when = now + timedelta(seconds=float(choice.start_s[k]))
+    gain = 1 - float(choice.em[k]) / em
+    return (
+        f"the forecast's lower window, start {_hm(when)} UTC, would save {gain * 100:.1f} % by the raw forecast, "
+        f"within its error {float(choice.start_s[k]) / 3600:.0f} h ahead: starting now is the safer choice"
+    )
 
 
 def _reason(
