@@ -276,8 +276,8 @@ def sharing_line(metrics: dict[str, float]) -> str:
     )
     if pace is not None:
         line += (
-            f"; host-CPU contention, reported apart (two real trainings on this machine's CPUs, not the GPU): "
-            f"{pace:.2f} of the pace the simulated GPU prescribes"
+            f"; information only: the two real trainings ran at {pace:.2f} of the simulated GPU's pace on this "
+            "machine's CPUs, which changes neither the simulated GPU's time nor its energy"
         )
     return line
 
