@@ -25,6 +25,8 @@ class Device(ABC):
     model: str
     kind: DeviceKind
     label: EnergyLabel
+    vendor: str = ""
+    """The GPU vendor's name in :mod:`carbonflow.energy.vendors` (``nvidia``, ``simulated``, ...); empty for a CPU."""
     supports_power_limit: bool = False
     mig: bool = False
     """True when the GPU runs in MIG mode: energy is device-level (all instances), not per instance."""

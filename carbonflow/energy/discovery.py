@@ -1,13 +1,13 @@
-"""Which devices a run measures: NVML GPUs when NVML works, else simulated GPUs if asked, plus the CPU."""
+"""Which devices a run measures: the GPUs of the first GPU vendor that finds any, plus the CPU.
+
+The vendors (NVIDIA through NVML, simulated GPUs, any registered one) live in :mod:`carbonflow.energy.vendors`.
+"""
 
 from __future__ import annotations
 
 import logging
-import os
 
 from carbonflow.energy.device import Device
-from carbonflow.energy.errors import NvmlUnavailable
-from carbonflow.energy.zeusd import ZEUSD_SOCK_ENV, ZeusdClient
 from carbonflow.models import SimulatedGpuSpec
 
 logger = logging.getLogger(__name__)
@@ -19,30 +19,18 @@ def discover_devices(
     cuda_visible_devices: str | None = None,
     prefer_simulated: bool = False,
 ) -> list[Device]:
-    """NVML GPUs when NVML works (honouring CUDA_VISIBLE_DEVICES), else ``simulated.count`` simulated GPUs
-    when a spec is given, else no GPU; plus the CPU device when ``include_cpu``.
+    """The GPUs of the first registered vendor that finds any (NVML first, honouring CUDA_VISIBLE_DEVICES), else
+    ``simulated.count`` simulated GPUs when a spec is given, else no GPU; plus the CPU device when ``include_cpu``.
 
+    ``cuda_visible_devices``: the visible-devices value handed to the vendor (default: its own variable).
     ``prefer_simulated`` replays the spec even where NVML works (benchmarks, demos on GPU hosts).
     With ``ZEUSD_SOCK_PATH`` set, NVML GPUs change power limits through zeusd (no privilege needed here).
     Every device carries its label (measured / estimated / simulated).
     """
     from carbonflow.energy.cpu import CpuDevice
-    from carbonflow.energy.nvml import nvml_devices
-    from carbonflow.energy.simulated import SimulatedGpu
+    from carbonflow.energy.vendors import get_gpus
 
-    devices: list[Device] = []
-    gpus: list[Device] = []
-    if not (prefer_simulated and simulated is not None):
-        try:
-            zeusd = None
-            if os.environ.get(ZEUSD_SOCK_ENV):
-                zeusd = ZeusdClient(os.environ[ZEUSD_SOCK_ENV])
-            gpus = list(nvml_devices(cuda_visible_devices, zeusd=zeusd))
-        except NvmlUnavailable as exc:
-            logger.info("%s", exc)
-    if not gpus and simulated is not None:
-        gpus = [SimulatedGpu(simulated, index=i) for i in range(simulated.count)]
-    devices.extend(gpus)
+    devices: list[Device] = get_gpus(simulated, visible=cuda_visible_devices, prefer_simulated=prefer_simulated)
     if include_cpu:
         devices.append(CpuDevice())
     return devices

@@ -78,6 +78,7 @@ class NvmlGpu(Device):
 
     kind = "gpu"
     label = "measured"
+    vendor = "nvidia"
 
     def __init__(self, handle: Any, index: int, mig_instance_uuid: str | None = None, zeusd: Any = None) -> None:
         super().__init__()

@@ -1,8 +1,9 @@
 """Which GPUs a wrapper trains on, and a training child that cannot outlive its wrapper.
 
 ``lease_run_gpus`` leases the run's GPUs by UUID (:mod:`carbonflow.energy.lease`) — free ones, never
-"the first N" — and ``pinned_env`` pins the training to exactly those (``CUDA_VISIBLE_DEVICES`` by UUID,
-so no enumeration order can point it elsewhere). ``start_child`` starts the training in its own process
+"the first N" — and ``pinned_env`` pins the training to exactly those through their vendor's variable
+(:mod:`carbonflow.energy.vendors`; NVIDIA: ``CUDA_VISIBLE_DEVICES`` by UUID, so no enumeration order can point
+it elsewhere). ``start_child`` starts the training in its own process
 group under a guard (:mod:`carbonflow.execution.guard`) that takes every process the training started down
 when the training ends or the wrapper dies by any signal, even SIGKILL, and keeps the GPUs leased until it has.
 The guard starts clean (an isolated interpreter, an empty environment, ``/`` as its working directory); the
@@ -22,6 +23,8 @@ from typing import Any
 from carbonflow.contract import GPU_WAIT_ENV, TRAINING_GID_ENV, TRAINING_UID_ENV, ZEUSD_SOCK_ENV
 from carbonflow.energy.errors import GpuLeaseUnavailable
 from carbonflow.energy.lease import GpuLeaseSet, acquire_gpus
+from carbonflow.energy.vendors import pin as pin_gpus
+from carbonflow.energy.vendors import vendor_of
 from carbonflow.execution.errors import GpuUnavailable
 
 DEFAULT_GPU_WAIT_S = 300.0
@@ -48,7 +51,7 @@ def gpu_wait_s() -> float:
 
 def _durable(gpu: Any) -> bool:
     """A GPU whose state outlives this process (NVML); a simulated GPU lives and dies with the wrapper."""
-    return getattr(gpu, "label", "") != "simulated"
+    return vendor_of(gpu).durable
 
 
 def lease_run_gpus(
@@ -66,11 +69,9 @@ def lease_run_gpus(
 
 
 def pinned_env(env: dict[str, str], gpus: Sequence[Any]) -> dict[str, str]:
-    """``env`` with the training pinned to ``gpus`` by UUID (NVML GPUs only)."""
-    durable = [g.id for g in gpus if _durable(g)]
-    if durable:
-        env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(durable)}
-    return env
+    """``env`` with the training pinned to ``gpus``: each GPU's vendor sets its own visible-devices variable
+    (NVIDIA: ``CUDA_VISIBLE_DEVICES`` by UUID; simulated GPUs: nothing)."""
+    return pin_gpus(env, gpus) if gpus else env
 
 
 def training_owner() -> tuple[int, int] | None:

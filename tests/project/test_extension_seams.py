@@ -1,13 +1,14 @@
 """Extension seams: a new carbon provider, GPU vendor or execution backend is one new file and one registration line.
 
 Each test registers a toy part (here, in the test file: nothing fake ships in the product) and drives it through
-the public entry point that a user's DAG reaches: ``default_chain`` for a provider, ``make_backend`` and the run
-session for a backend. docs/architecture.md ("Extending carbonflow") shows the same three.
+the public entry point that a user's DAG reaches: ``default_chain`` for a provider, discovery and the wrapper's
+pinning for a GPU vendor, ``make_backend`` and the run session for a backend. docs/architecture.md ("Extending
+carbonflow") shows the same three.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ from carbonflow.carbon.base import DEFAULT_HORIZON_S, NotConfigured
 from carbonflow.carbon.chain import default_chain
 from carbonflow.carbon.credentials import connection_types, credentials_from_connection
 from carbonflow.carbon.providers import ConnectionType, register_provider, unregister_provider
+from carbonflow.energy.device import Device
+from carbonflow.energy.discovery import discover_devices
+from carbonflow.energy.vendors import register_gpu_vendor, unregister_gpu_vendor
 from carbonflow.execution.backend import (
     Backend,
     RunHandle,
@@ -32,7 +36,7 @@ from carbonflow.execution.backend import (
 )
 from carbonflow.execution.errors import ExecutionError
 from carbonflow.execution.local import LocalBackend
-from carbonflow.models import Config, Forecast, ForecastPoint, JobSpec, Plan
+from carbonflow.models import Config, Forecast, ForecastPoint, JobSpec, Plan, SimulatedGpuSpec
 
 NOW = datetime(2026, 11, 26, 18, 0, tzinfo=UTC)
 
@@ -240,3 +244,86 @@ def test_the_run_session_drives_a_registered_backend_through_start_poll_collect(
 def test_an_unregistered_backend_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="backend='skeleton' is not allowed"):
         make_backend("skeleton", Path("unused"))
+
+
+# ---------------------------------------------------------------- a GPU vendor
+
+
+class ToyAmdGpu(Device):
+    """A GPU of the toy vendor: a fixed 100 W draw, a counter that never moves."""
+
+    kind = "gpu"
+    label = "measured"
+    vendor = "toy-amd"
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.id = f"GPU-toy-amd-{index}"
+        self.model = "Toy MI-100"
+
+    def energy_j(self) -> float:
+        return 0.0
+
+    def power_w(self) -> float:
+        return 100.0
+
+
+class ToyAmdVendor:
+    """An AMD-like vendor (what amdsmi would give): two GPUs, pinned through ``HIP_VISIBLE_DEVICES``.
+
+    ``durable = False`` here only so the test takes no machine-wide lease; a real vendor whose power limits outlive
+    the process says True, and its GPUs are leased like NVIDIA's."""
+
+    name = "toy-amd"
+    visible_devices_env = "HIP_VISIBLE_DEVICES"
+    durable = False
+    simulated = False
+
+    def discover(self, *, visible: str | None = None, simulated: Any = None) -> list[Device]:
+        return [ToyAmdGpu(i) for i in range(2)]
+
+    def pin(self, env: Mapping[str, str], gpus: Sequence[Device]) -> dict[str, str]:
+        return {**env, self.visible_devices_env: ",".join(g.id for g in gpus)}
+
+
+@pytest.fixture
+def toy_vendor(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    from carbonflow.energy.vendors import GpuVendorUnavailable, gpu_vendor
+
+    def no_nvml(**_: Any) -> list[Device]:
+        raise GpuVendorUnavailable("no NVIDIA GPU on this (test) host")
+
+    monkeypatch.setattr(gpu_vendor("nvidia"), "discover", no_nvml)  # a host with the toy vendor's GPUs only
+    register_gpu_vendor(ToyAmdVendor())  # the one registration line
+    yield
+    unregister_gpu_vendor("toy-amd")
+
+
+def test_discovery_picks_a_registered_vendor_and_the_run_is_pinned_through_its_variable(toy_vendor: None) -> None:
+    from carbonflow.execution.gpus import lease_run_gpus, pinned_env
+
+    devices = discover_devices(SimulatedGpuSpec(count=1), include_cpu=False)  # hardware before simulated
+    assert [d.id for d in devices] == ["GPU-toy-amd-0", "GPU-toy-amd-1"]
+    gpus, lease = lease_run_gpus(devices, 1)  # what the wrapper does, then pins the training's environment
+    env = pinned_env({"PATH": "/bin"}, gpus)
+    assert lease is None and env == {"PATH": "/bin", "HIP_VISIBLE_DEVICES": "GPU-toy-amd-0"}
+    assert "CUDA_VISIBLE_DEVICES" not in env
+
+
+def test_the_builtin_vendors_keep_their_pinning() -> None:
+    from carbonflow.energy.vendors import gpu_vendor
+    from carbonflow.execution.gpus import pinned_env
+
+    nvidia, simulated = gpu_vendor("nvidia"), gpu_vendor("simulated")
+    assert nvidia.visible_devices_env == "CUDA_VISIBLE_DEVICES" and simulated.visible_devices_env is None
+    sims = discover_devices(SimulatedGpuSpec(count=2), include_cpu=False, prefer_simulated=True)
+    assert pinned_env({"A": "1"}, sims) == {"A": "1"}  # a simulated GPU is not pinned
+    fake_nvml_gpu = type("G", (), {"id": "GPU-abc", "label": "measured", "vendor": "nvidia"})()
+    assert pinned_env({}, [fake_nvml_gpu]) == {"CUDA_VISIBLE_DEVICES": "GPU-abc"}
+
+
+def test_a_vendor_must_meet_the_protocol_and_its_name_is_its_own() -> None:
+    with pytest.raises(TypeError, match="not a GpuVendor"):
+        register_gpu_vendor(object())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="taken"):
+        register_gpu_vendor(type("N", (ToyAmdVendor,), {"name": "nvidia"})())
