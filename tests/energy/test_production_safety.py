@@ -115,7 +115,10 @@ def _leave_lowered_with_journal(fake_nvml, journal_dir: Path, index: int, lowere
 def test_two_wrappers_on_one_gpu_never_leave_it_lowered(fake_nvml, journal_dir, tmp_path):
     """Before: A sets 300→200 W, B 150 W, A exits, B exits → 200 W and no journal. Now B waits for the lease."""
     fake_nvml.setup([{}])
-    a = _wrapper(fake_nvml, journal_dir, tmp_path / "a", 200, _sleeper(tmp_path / "a.pid", 3))
+    release = tmp_path / "a.release"  # A trains until B has been refused (a fixed sleep raced B's start-up under load)
+    hold = f"import os, time\nopen({str(tmp_path / 'a.pid')!r}, 'w').write(str(os.getpid()))\nend = time.time() + 120\n"
+    hold += f"while not os.path.exists({str(release)!r}) and time.time() < end:\n    time.sleep(0.05)\n"
+    a = _wrapper(fake_nvml, journal_dir, tmp_path / "a", 200, [sys.executable, "-c", hold])
     try:
         _started(tmp_path / "a.pid")
         b = _wrapper(fake_nvml, journal_dir, tmp_path / "b", 150, ["true"], CARBONFLOW_GPU_WAIT_S="0.5")
@@ -123,6 +126,7 @@ def test_two_wrappers_on_one_gpu_never_leave_it_lowered(fake_nvml, journal_dir, 
         assert code == 69  # EX_UNAVAILABLE: retry later
         assert "leased by other carbonflow runs" in err and "never shared by accident" in err
         assert fake_nvml.limits_mw() == [200000]  # B never touched it
+        release.write_text("")
         _finish(a)
     finally:
         a.kill()
