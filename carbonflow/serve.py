@@ -114,6 +114,8 @@ def serve(
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, terminate)
+    # Ctrl-C stops the stack even when SIGINT came ignored (a background job of a non-interactive shell, nohup, CI)
+    previous_int = signal.signal(signal.SIGINT, terminate)
     code, started = 0, False
     try:
         echo(f"carbonflow serve: DAGs folder {dags}, home {home}")
@@ -136,6 +138,7 @@ def serve(
         started = True  # an interrupted start may have left processes: stop.sh stops whatever has a PID file
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     if not started or detach:
         return code
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave half a stack behind

@@ -87,3 +87,53 @@ def test_serve_sh_refuses_a_dags_folder_that_is_not_one(tmp_path: Path) -> None:
 def test_serve_stop_with_nothing_running_says_so(tmp_path: Path) -> None:
     result = _serve("--stop", "--home", str(tmp_path))
     assert result.exit_code == 0
+
+
+_DRIVER = """
+import os, signal, sys
+from pathlib import Path
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job of a non-interactive shell (CI) starts it
+import carbonflow.serve as serve
+fake = Path(sys.argv[1])
+serve.script = lambda name: fake / name
+sys.exit(serve.serve(Path(sys.argv[2]), Path(sys.argv[3])))
+"""
+
+_FAKE_SERVE = """#!/usr/bin/env bash
+mkdir -p "$CARBONFLOW_HOME/run"
+setsid sleep 300 & echo $! > "$CARBONFLOW_HOME/run/stand-in.pid"
+"""
+
+_FAKE_STOP = """#!/usr/bin/env bash
+for f in "$CARBONFLOW_HOME"/run/*.pid; do kill -TERM -- "-$(cat "$f")" 2>/dev/null; rm -f "$f"; done
+"""
+
+
+def test_ctrl_c_stops_the_stack_even_when_sigint_came_ignored(tmp_path: Path) -> None:
+    """CI ran the Chromium test as a background job, where SIGINT is inherited ignored: Ctrl-C (SIGINT to the
+    group) left `carbonflow serve` serving and the stack running. serve installs its own SIGINT handler."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    fake = tmp_path / "scripts"
+    fake.mkdir()
+    for name, text in (("serve.sh", _FAKE_SERVE), ("stop.sh", _FAKE_STOP)):
+        (fake / name).write_text(text)
+        (fake / name).chmod(0o755)
+    dags, home = tmp_path / "dags", tmp_path / "home"
+    dags.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", _DRIVER, str(fake), str(dags), str(home)], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not list((home / "run").glob("*.pid")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)  # serve is in its wait loop
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "carbonflow serve: stopped" in out, out
+    assert not list((home / "run").glob("*.pid"))
