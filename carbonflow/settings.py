@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import stat
 import tempfile
@@ -202,3 +203,24 @@ def _compare_registry(path: Path, want: dict[str, str]) -> None:
                 f"Set {env} to {have.get(key)} for every wrapper (or unset it), or, if the machine's layout was "
                 f"changed on purpose and no run is active, remove {path}"
             )
+
+
+START_GUARD_Z_ENV = "CARBONFLOW_START_GUARD_Z"
+MAX_START_GUARD_Z = 10.0
+
+
+def start_guard_z(default: float) -> float:
+    """The safer-start guard's z for the start search (``$CARBONFLOW_START_GUARD_Z``; unset: ``default``); 0 turns
+    the guard off. A ValueError names the variable, the value and what is allowed."""
+    text = os.environ.get(START_GUARD_Z_ENV, "").strip()
+    if not text:
+        return default
+    try:
+        z = float(text)
+    except ValueError:
+        z = math.nan
+    if not math.isfinite(z) or not 0 <= z <= MAX_START_GUARD_Z:
+        raise ValueError(
+            f"{START_GUARD_Z_ENV}={text!r} is not allowed; give a number from 0 (guard off) to {MAX_START_GUARD_Z:g}"
+        )
+    return z

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from carbonflow.carbon.base import require_utc
 from carbonflow.carbon.calibration import LeadTimeErrorModel, default_error_model
 from carbonflow.models import Forecast, ForecastPoint
+from carbonflow.settings import start_guard_z
 
 DEFAULT_RISK_AVERSION = 0.0
 START_GUARD_Z = 1.0
@@ -424,7 +425,7 @@ def search_starts(
     ok = np.isfinite(mean) & (cov >= _COVERED)
     run, start, dur, mean = run[ok], start[ok], dur[ok], mean[ok]
     score, shrunk = mean, 0
-    z = START_GUARD_Z if guard_z is None else float(guard_z)
+    z = start_guard_z(START_GUARD_Z) if guard_z is None else float(guard_z)
     if z < 0 or not math.isfinite(z):
         raise ValueError(f"guard_z={guard_z!r} is not allowed; give a number >= 0 (0 turns the guard off)")
     if run.size and (history or risk_aversion > 0 or z > 0):

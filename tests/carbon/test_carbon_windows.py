@@ -228,3 +228,16 @@ def test_intervals_pick_cheapest_slots_and_merge():
 def test_replayed_forecast_is_labelled_in_the_reason():
     choice = choose_start(fc([300, 100], replay=True), 3600, T0, T0 + timedelta(hours=2), robust=False)
     assert "replayed data" in choice.reason
+
+
+def test_the_start_guard_is_a_setting_with_a_clear_error(monkeypatch):
+    """CARBONFLOW_START_GUARD_Z sets the guard's default (0: off), as the stack e2e test uses it; a bad value is
+    refused naming the variable, the value and the range."""
+    far = [200.0] * 24
+    far[20] = far[21] = 185.0  # within the calibrated error 20 h ahead: the default guard starts at once
+    assert choose_start(fc(far), 2 * 3600, T0, T0 + timedelta(hours=24)).start == T0
+    monkeypatch.setenv("CARBONFLOW_START_GUARD_Z", "0")
+    assert choose_start(fc(far), 2 * 3600, T0, T0 + timedelta(hours=24)).start == T0 + timedelta(hours=20)
+    monkeypatch.setenv("CARBONFLOW_START_GUARD_Z", "lots")
+    with pytest.raises(ValueError, match=r"CARBONFLOW_START_GUARD_Z='lots' is not allowed; give a number from 0"):
+        choose_start(fc(far), 2 * 3600, T0, T0 + timedelta(hours=24))
