@@ -6,6 +6,7 @@ Prints ``APPLIED child=<pid>`` once the limit is set and the child runs.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -14,6 +15,9 @@ from carbonflow.energy.power_limit import applied_power_limit
 
 
 def main() -> int:
+    # Ctrl-C is a KeyboardInterrupt even when SIGINT came ignored (a background job, as CI may run the tests);
+    # the real wrapper installs its own SIGINT handler the same way
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     limit_w, mode = float(sys.argv[1]), sys.argv[2]
     devices = nvml_devices()
     child = None
