@@ -97,9 +97,9 @@ def simulated_energy_load_sensitivity(steps: int = 1500, burners: int = 2) -> di
             busy = run_job(root / "busy", steps)
             busy["loadavg_1min_end"] = round(os.getloadavg()[0], 2)
         finally:
-            for loop in loops:
-                loop.terminate()
-                loop.join()
+            for loop in loops:  # SIGKILL: a busy loop forked from a process that handles SIGTERM would ignore it
+                loop.kill()
+                loop.join(timeout=30)
     sensitivity = abs(busy["gpu_energy_j"] - idle["gpu_energy_j"]) / idle["gpu_energy_j"]
     duration = abs(busy["duration_s"] - idle["duration_s"]) / idle["duration_s"]
     return {
