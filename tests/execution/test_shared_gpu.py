@@ -149,8 +149,10 @@ def test_early_observation_separates_a_pair_that_breaks_its_bound(tmp_path: Path
     # On the simulated V100 the A3C job keeps Gavel's 0.75 of its solo speed next to ResNet-18; allowed no less
     # than 0.9, the check must fire (on the device's kept speed, whatever this machine's CPUs do).
     members = [
-        _member(DIGITS_CNN, solo_throughput_samples_per_s=5000.0, solo_power_w=200.0),
-        # enough work that the second job is still running when the check comes, whichever starts first
+        # enough work in both that they train together long enough for the check, whichever starts first and
+        # however long the other's start-up takes on a loaded host (with 1 epoch the first could end before the
+        # second's first step, and no pair was ever observed)
+        _member(DIGITS_CNN, epochs=10, solo_throughput_samples_per_s=5000.0, solo_power_w=200.0),
         _member(DIGITS_CNN_WIDE_BATCH, epochs=20, solo_throughput_samples_per_s=5000.0, solo_power_w=150.0,
                 min_kept_speed=0.9),
     ]  # fmt: skip
