@@ -22,9 +22,11 @@ Timeline of a pair started together: both run at their kept speeds until the sho
 other runs alone at full speed. With solo durations Da, Db and kept speeds sa, sb the first finishes at
 ``t1 = min(Da/sa, Db/sb)``; the other's total is ``t1 + (D − t1·s)``; each job's slowdown is its total over
 its solo duration minus one. The device draws ``power_w`` (the pair profile) during the overlap and the
-remaining job's solo power afterwards. A co-located pair runs at its reference configuration (where pair
-profiles are measured), so it competes with capped solo plans: on the nightly benchmark co-location rarely
-wins under a 10 % slowdown bound.
+remaining job's solo power afterwards. Predicted energy learns as a solo prediction does: each job's steps cost
+what its learned :class:`~carbonflow.planning.learning.RunCostModel` says they cost alone, plus what sharing
+changes on the pair profile (``_shared_steps_energy_j``), the inverse of how a co-located run is learned from.
+A co-located pair runs at its reference configuration (where pair profiles are measured), so it competes with
+capped solo plans: on the nightly benchmark co-location rarely wins under a 10 % slowdown bound.
 """
 
 from __future__ import annotations
@@ -291,13 +293,12 @@ def _pair_option(
         starts += [b for b in bps if 0 < b < hi] + [b - tl.overlap_s for b in bps if 0 < b - tl.overlap_s < hi]
         starts += [b - tl.device_s for b in bps if 0 < b - tl.device_s < hi]
     s = np.unique(np.round(np.array(starts), 3))
-    # Energy: both fixed parts and the shared steps at the pair's power while both run, then the tail job's steps
-    # alone at its own per-sample power.
-    shared_e = pair.power_w * steps.overlap_s
-    overlap_e = shared_e + fixed_j[0] + fixed_j[1]
+    # Energy: both fixed parts, and each job's steps while both run (what they cost it alone, as learned, plus the
+    # pair profile's sharing extra), then the tail job's steps alone at its learned per-sample power.
+    shared_a_j, shared_b_j = _shared_steps_energy_j(ref_a, ref_b, pair, speeds, steps.overlap_s)
+    overlap_e = shared_a_j + shared_b_j + fixed_j[0] + fixed_j[1]
     t = 1 if steps.tail_job == "b" else 0
-    tail_ref = (ref_a, ref_b)[t]
-    tail_e = (tail_ref.energy_j - fixed_j[t]) / max(tail_ref.duration_s - fixed_s[t], 1e-12) * steps.tail_s
+    tail_e = _per_sample_power_w((ref_a, ref_b)[t]) * steps.tail_s
     objective_is_carbon = forecast is not None and spec_a.objective == "carbon" and spec_b.objective == "carbon"
     solo = (
         plan_a.predicted_emissions_g + plan_b.predicted_emissions_g
@@ -326,11 +327,7 @@ def _pair_option(
     ranked = overlap_e / J_PER_KWH * rank_overlap + tail_e / J_PER_KWH * rank_tail
     total = ranked if objective_is_carbon else np.full(s.size, overlap_e + tail_e)
     best = int(np.lexsort((s, total))[0])
-    # Attribute the shared steps as the pair's wrapper splits them (solo power × kept speed), each fixed part to
-    # its own job, the tail to the job that runs it.
-    weight_a, weight_b = point_power_w(ref_a.point) * speeds[0], point_power_w(ref_b.point) * speeds[1]
-    share_a = weight_a / (weight_a + weight_b) if weight_a + weight_b > 0 else speeds[0] / (speeds[0] + speeds[1])
-    first = (shared_e * share_a + fixed_j[0], shared_e * (1 - share_a) + fixed_j[1])
+    first = (shared_a_j + fixed_j[0], shared_b_j + fixed_j[1])
     tails = (tail_e if steps.tail_job == "a" else 0.0, tail_e if steps.tail_job == "b" else 0.0)
     e_a, e_b = first[0] + tails[0], first[1] + tails[1]
     ci_1 = float(ci_overlap[best]) / J_PER_KWH
@@ -352,6 +349,40 @@ def _pair_option(
         slow,
         "g CO2e" if objective_is_carbon else "J",
     )
+
+
+def _per_sample_power_w(ref: Candidate) -> float:
+    """The job's learned energy per second of its per-sample part alone: (energy − fixed) / (duration − fixed)."""
+    return (ref.energy_j - ref.fixed_j) / max(ref.duration_s - ref.fixed_s, 1e-12)
+
+
+def _shared_steps_energy_j(
+    ref_a: Candidate, ref_b: Candidate, pair: PairProfile, speeds: tuple[float, float], overlap_s: float
+) -> tuple[float, float]:
+    """Each job's predicted energy for its steps while both work: what that work costs it alone, as learned, plus
+    its share of what sharing the GPU changes, from the pair profile.
+
+    While both work for ``overlap_s`` job *i* does ``kept_i × overlap_s`` of its solo per-sample time. Alone, that
+    costs its learned per-sample power (:func:`_per_sample_power_w`: the job's
+    :class:`~carbonflow.planning.learning.RunCostModel` energy factor on the profile's power, so also what the
+    profile never sees, such as the host's CPU) × that time. Sharing changes the GPU's draw: the pair profile's power,
+    split as the pair's wrapper splits it (solo power × kept speed), minus the same work's solo power on the
+    profile, ``(pair_w × share_i − P_i × kept_i) × overlap_s``. That is the wrapper's ``sharing_energy_j``, which
+    :meth:`~carbonflow.planning.learning.RealisedRun.alone` takes out of a co-located run to learn the job's solo
+    model: the prediction adds back exactly what learning took out, so a pair's second night is predicted with
+    what its first night taught each job, as a solo run is. Chosen over a pair-level correction (realised /
+    predicted of the pair's past nights): that needs a raw prediction of each past night to stay unbiased, and
+    learns nothing for a pair not seen before, while each job's model is learned from every run it had, solo or
+    shared. With nothing learned (factor 1, no fixed part) this is the pair profile's power × the overlap, split.
+    """
+    weight_a, weight_b = point_power_w(ref_a.point) * speeds[0], point_power_w(ref_b.point) * speeds[1]
+    share_a = weight_a / (weight_a + weight_b) if weight_a + weight_b > 0 else speeds[0] / (speeds[0] + speeds[1])
+    out = []
+    for ref, kept, share in ((ref_a, speeds[0], share_a), (ref_b, speeds[1], 1.0 - share_a)):
+        alone_j = _per_sample_power_w(ref) * kept * overlap_s
+        sharing_j = (pair.power_w * share - point_power_w(ref.point) * kept) * overlap_s
+        out.append(alone_j + sharing_j)
+    return out[0], out[1]
 
 
 def _deadline_factor(spec: JobSpec, profile: Profile, history: JobHistory | None, ref: Candidate) -> float:
