@@ -87,6 +87,10 @@ class DistributedStack(Stack):
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+            # a task a killed worker had taken from the broker but not started stays "queued" (the Redis transport
+            # gives it back after its 1 h visibility timeout) until the scheduler's task_queued_timeout (Airflow's
+            # default 600 s) sends it again: lowered, above the longest queue wait for a worker slot here
+            "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": "180",
             "AIRFLOW__CORE__PARALLELISM": "8",
         })  # fmt: skip
         self.expected = {"mlflow", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor",
@@ -118,7 +122,12 @@ class DistributedStack(Stack):
             run = self.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}").json()
             return run["state"] if run["state"] in ("success", "failed") else None
 
-        return _wait(finished, timeout_s, 1.0, f"dag run {run_id} to finish")
+        try:
+            return _wait(finished, timeout_s, 1.0, f"dag run {run_id} to finish")
+        except AssertionError as err:  # say which task held the run up
+            states = {(t["task_id"], t["rendered_map_index"], t["try_number"]): t["state"]
+                      for t in self.task_instances(run_id)}  # fmt: skip
+            raise AssertionError(f"{err}; task instances (task, map index, try): {states}") from None
 
     def task_instances(self, run_id: str) -> list[dict[str, Any]]:
         return self.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
