@@ -6,12 +6,15 @@ each keeps and the GPU's power. Pairs that already ran together on earlier night
 that history instead. ``NightPlanOperator`` plans the whole batch with
 :func:`carbonflow.planning.colocation.plan_night` (power limit, containers, start and guarded
 co-location, jointly) and hands each job's plan to its :class:`CarbonAwareTrainingOperator`.
+
+The work is the session's (:mod:`carbonflow.session.night`: which pairs to profile, the joint plan as a
+typed :class:`~carbonflow.session.state.NightPlan`); these operators only pull profiles from XCom and
+push the answer back.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -23,8 +26,19 @@ from carbonflow.execution.backend import make_backend
 from carbonflow.models import JobSpec, Profile, parse_job, utcnow
 from carbonflow.operators.common import carbon_source, home, with_connection_env
 from carbonflow.session.clock import DEFAULT_DEADLINE_TIME_UTC
+from carbonflow.session.night import can_share, gpu_groups, pairs_to_profile, plan_night_batch, sharing_words
 from carbonflow.session.run import planning_history
 from carbonflow.session.source import session_clock
+from carbonflow.session.state import NightPlan
+
+__all__ = [  # can_share, gpu_groups and sharing_words live in carbonflow.session.night; kept importable here
+    "NightPlanOperator",
+    "PairProfileOperator",
+    "can_share",
+    "gpu_groups",
+    "night_gpu_groups",
+    "sharing_words",
+]
 
 
 def _jobs(jobs: Mapping[str, Any]) -> list[JobSpec]:
@@ -52,29 +66,6 @@ def _profiles(context: Any, profile_task_ids: Mapping[str, str] | str, specs: Se
             raise ValueError(f"no profile in XCom of task {task_id!r} (job {spec.name})")
         out[spec.name] = Profile.model_validate(raw)
     return out
-
-
-def can_share(a: JobSpec, b: JobSpec) -> str | None:
-    """Why two jobs can never share a GPU here, or None when they could."""
-    from carbonflow.session.run import observe_only
-
-    if observe_only(a) or observe_only(b):
-        return "an observe-only job trains alone, as it would without carbonflow"
-    if a.progress_pattern or b.progress_pattern:
-        return "a job whose progress is read from its printed lines (progress_pattern) trains alone"
-    if a.region != b.region:
-        return f"different regions ({a.region}, {b.region})"
-    if a.min_containers != 1 or b.min_containers != 1:
-        return "a job needs more than one container"
-    sims = (a.simulated_gpu, b.simulated_gpu)
-    if (sims[0] is None) != (sims[1] is None):
-        return "one job simulates its GPU and the other does not"
-    if sims[0] is not None and sims[1] is not None:
-        if sims[0].gpu_model != sims[1].gpu_model:
-            return f"different simulated GPUs ({sims[0].gpu_model}, {sims[1].gpu_model})"
-        if not (sims[0].pair_type and sims[1].pair_type):
-            return "simulated_gpu.pair_type is not set for both (no measured pair speeds to replay)"
-    return None
 
 
 class PairProfileOperator(BaseOperator):
@@ -154,52 +145,20 @@ class PairProfileOperator(BaseOperator):
         return pairs
 
     def _pairs_tonight(self, specs: Sequence[JobSpec], profiles: Mapping[str, Profile], history: Any) -> list:
-        """Unknown pairs that could share a GPU; within the budget (if set), the most promising by prediction."""
-        unknown = []
-        for a, b in itertools.combinations(specs, 2):
-            why_not = can_share(a, b)
-            if why_not:
-                self.log.info("not pairing %s and %s: %s", a.name, b.name, why_not)
-            elif history is not None and history.pair_slowdown(a.name, b.name) is not None:
-                self.log.info("%s and %s ran together before: the planner predicts from that history", a.name, b.name)
-            else:
-                unknown.append((a.name, b.name))
-        if self.max_pairs is None and self.max_pair_gpu_s is None:
-            return unknown
-        from carbonflow.planning.pair_prediction import choose_pairs
-
-        chosen = choose_pairs(
-            unknown, profiles, _history_outcomes(specs, history),
-            max_pairs=len(unknown) if self.max_pairs is None else self.max_pairs,
-            max_gpu_s=float("inf") if self.max_pair_gpu_s is None else self.max_pair_gpu_s,
-            pair_profile_gpu_s=self.pair_profile_gpu_s,
-        )  # fmt: skip
-        self.log.info("%d unknown pairs could share a GPU; profiling the %d most promising within the budget "
-                      "(max_pairs=%s, max_pair_gpu_s=%s); the early-observation guard settles the rest",
-                      len(unknown), len(chosen), self.max_pairs, self.max_pair_gpu_s)  # fmt: skip
-        return [(c.job_a, c.job_b) for c in chosen]
+        """The pairs to profile tonight (:func:`carbonflow.session.night.pairs_to_profile`, within the budget)."""
+        return pairs_to_profile(specs, profiles, history, max_pairs=self.max_pairs, max_pair_gpu_s=self.max_pair_gpu_s,
+                                pair_profile_gpu_s=self.pair_profile_gpu_s, log=self.log)  # fmt: skip
 
     def on_kill(self) -> None:
         if self._backend is not None:
             self._backend.kill()
 
 
-def _history_outcomes(specs: Sequence[JobSpec], history: Any) -> list:
-    """Pairs that shared a GPU before, as kept speeds both ways (what the pair predictor learns from)."""
-    from carbonflow.planning.learning import kept_speed_from_slowdown
-    from carbonflow.planning.pair_prediction import PairOutcome
-
-    out = []
-    for a, b in itertools.combinations([s.name for s in specs], 2):
-        slow = (history.pair_slowdown(a, b), history.pair_slowdown(b, a)) if history is not None else (None, None)
-        if slow[0] is not None and slow[1] is not None:
-            out.append(PairOutcome(a, b, kept_speed_from_slowdown(max(slow[0], 0.0)),
-                                   kept_speed_from_slowdown(max(slow[1], 0.0))))  # fmt: skip
-    return out
-
-
 class NightPlanOperator(BaseOperator):
-    """Plan the night's batch jointly (power limit, containers, start, co-location); XCom: every job's plan.
+    """Plan the night's batch jointly (power limit, containers, start, co-location); XCom: the NightPlan.
+
+    The planning is :func:`carbonflow.session.night.plan_night_batch`'s; XCom holds its
+    :class:`~carbonflow.session.state.NightPlan` as JSON (every job's spec, plan and profile, the GPU groups).
 
     :param jobs: job name → JobSpec (templated); a job without ``finish_by`` must finish by the next
         ``deadline_time_utc``.
@@ -245,68 +204,21 @@ class NightPlanOperator(BaseOperator):
         next_deadline(datetime.now().astimezone(), deadline_time_utc)  # validate at DAG parse time
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from carbonflow.planning.colocation import PairProfile, plan_night
-        from carbonflow.planning.guard import min_kept_speeds
-        from carbonflow.planning.optimizer import predict_candidates
-        from carbonflow.session.clock import next_deadline
+        """Pull the profiles and pair profiles, plan the night in the session; XCom: the NightPlan as JSON."""
+        from carbonflow.planning.colocation import PairProfile
 
         specs = _jobs(self.jobs)
         profiles = _profiles(context, self.profile_task_ids, specs)
         source = carbon_source(self.replay, self.conn_ids)
         now = session_clock(source, specs[0].region, self.replay_start).now()
-        deadline = next_deadline(now, self.deadline_time_utc)
-        specs = [s if s.finish_by is not None else s.model_copy(update={"finish_by": deadline}) for s in specs]
-        late = [s for s in specs if s.finish_by is not None and s.finish_by <= now]
-        if late:
-            raise ValueError(f"finish_by={late[0].finish_by.isoformat()} of job {late[0].name} is in the past")  # type: ignore[union-attr]
-        forecasts = {}
-        for region in sorted({s.region for s in specs}):
-            until = max(s.finish_by for s in specs if s.region == region)  # type: ignore[type-var]
-            forecasts[region] = source.forecast(region, now, until)  # type: ignore[arg-type]
         raw_pairs = context["ti"].xcom_pull(task_ids=self.pair_profile_task_id) if self.pair_profile_task_id else None
-        pair_profiles = [PairProfile(**p) for p in raw_pairs or []]
-        history = planning_history([s.name for s in specs], self.tracking_uri, self.log)
-        recent = {region: source.recent_actuals(region, now) for region in forecasts}
-        plans = plan_night(
-            specs, profiles, forecasts, now, pair_profiles=pair_profiles, history=history, intensity_history=recent
-        )
-        if self.gpus is not None:
-            plans = _fit_to_gpus(plans, self.gpus, now, forecasts, {s.name: s for s in specs}, profiles, history)
-        by_name = {s.name: s for s in specs}
-        guards: dict[str, float] = {}
-        notes: dict[str, str] = {}
-        for plan in plans:
-            plan.replay = forecasts[plan.region].replay
-            if not plan.colocated_with:
-                notes[plan.job] = _why_alone(plan.job, by_name, profiles, pair_profiles, history)
-                plan.reason += notes[plan.job]
-            self.log.info("%s: %s", plan.job, plan.reason)
-            partner = plan.colocated_with[0] if plan.colocated_with else None
-            if partner is None or plan.job > partner:
-                continue
-            pair = next((p for p in pair_profiles if p.speeds(plan.job, partner) is not None), None)
-            if pair is None:  # predicted from history alone: no speeds to guard against
-                continue
-            me, other = by_name[plan.job], by_name[partner]
-            solo_me = predict_candidates(me, profiles[me.name], history)[1].duration_s
-            solo_other = predict_candidates(other, profiles[other.name], history)[1].duration_s
-            speeds = pair.speeds(me.name, other.name)
-            assert speeds is not None
-            guard = min_kept_speeds(solo_me, solo_other, min(speeds[0], 1.0), min(speeds[1], 1.0),
-                                    me.max_slowdown, other.max_slowdown)  # fmt: skip
-            guards[me.name], guards[other.name] = guard
-        groups = gpu_groups(plans)
-        return {
-            "now": now.isoformat(),
-            "groups": groups,
-            "jobs": {s.name: s.model_dump(mode="json") for s in specs},
-            "plans": {p.job: p.model_dump(mode="json") for p in plans},
-            "profiles": {name: p.model_dump(mode="json") for name, p in profiles.items()},
-            "forecasts": {region: f.model_dump(mode="json") for region, f in forecasts.items()},
-            "min_kept_speed": guards,
-            "notes": notes,
-            "pairs": [dataclasses.asdict(p) for p in pair_profiles],
-        }
+        night = plan_night_batch(
+            specs, profiles, source, now, deadline_time_utc=self.deadline_time_utc,
+            pair_profiles=[PairProfile(**p) for p in raw_pairs or []],
+            history=planning_history([s.name for s in specs], self.tracking_uri, self.log),
+            gpus=self.gpus, log=self.log,
+        )  # fmt: skip
+        return night.to_xcom()
 
 
 @task(task_id="gpu_groups")
@@ -316,61 +228,4 @@ def night_gpu_groups(night: dict[str, Any]) -> list[list[str]]:
     train = CarbonAwareTrainingOperator.partial(task_id="train", night_plan_task_id="plan_night",
                                                 ).expand(gpu_group=night_gpu_groups(plan_night.output))
     """
-    return night["groups"]
-
-
-def gpu_groups(plans: Sequence[Any]) -> list[list[str]]:
-    """The night's GPU groups, by start: each job alone, or a co-located pair (names in order), listed once."""
-    groups = []
-    for plan in sorted(plans, key=lambda p: (p.start, p.job)):
-        members = sorted([plan.job, *plan.colocated_with[:1]])
-        if members[0] == plan.job:
-            groups.append(members)
-    return groups
-
-
-def _fit_to_gpus(plans, gpus, now, forecasts, specs, profiles, history):  # type: ignore[no-untyped-def]
-    """The night's plans fitted onto ``gpus`` GPUs, region by region's forecast (one region: the common case)."""
-    from carbonflow.planning.night_gpus import deadline_factors, fit_plans_to_gpus
-
-    margin = deadline_factors(plans, specs, profiles, history)
-    forecast = next(iter(forecasts.values())) if len(forecasts) == 1 else None
-    return fit_plans_to_gpus(plans, gpus, now, forecast, margin)
-
-
-def sharing_words(speeds: Sequence[float], label: str) -> str:
-    """A pair's kept speeds and the slowdowns they mean (the one formula, 1 / kept − 1), e.g. for a plan's reason."""
-    from carbonflow.planning.learning import slowdown_from_kept_speed
-
-    slower = " / ".join(f"{slowdown_from_kept_speed(k) * 100:.0f} %" for k in speeds)
-    kept = " / ".join(f"{k:.2f}" for k in speeds)
-    return f"sharing, they keep {kept} of their solo speeds ({slower} slower while both run; {label})"
-
-
-def _why_alone(
-    job: str, specs: Mapping[str, JobSpec], profiles: Mapping[str, Profile], pair_profiles: Sequence[Any], history: Any
-) -> str:
-    """For a job that was measured with a partner but runs alone: the predicted slowdowns that kept them apart."""
-    from carbonflow.planning.colocation import predict_pair_slowdown
-    from carbonflow.planning.optimizer import predict_candidates
-
-    notes = []
-    for pair in pair_profiles:
-        if job not in (pair.job_a, pair.job_b):
-            continue
-        other = pair.job_b if pair.job_a == job else pair.job_a
-        refs = [predict_candidates(specs[n], profiles[n], history)[1] for n in (job, other)]
-        slow = predict_pair_slowdown(job, other, refs[0].duration_s, refs[1].duration_s, pair_profiles, history,
-                                     refs[0].fixed_s, refs[1].fixed_s)  # fmt: skip
-        if slow is None:
-            continue
-        speeds = pair.speeds(job, other)
-        assert speeds is not None  # the pair is about ``job`` and ``other``
-        notes.append(
-            f"; alone, not with {other}: {sharing_words(speeds, pair.label)}, so their runs would take "
-            f"{slow[0] * 100:.0f} % / {slow[1] * 100:.0f} % longer (bounds {specs[job].max_slowdown * 100:.0f} % / "
-            f"{specs[other].max_slowdown * 100:.0f} %)"
-            if slow[0] > specs[job].max_slowdown or slow[1] > specs[other].max_slowdown
-            else f"; alone, not with {other}: sharing a GPU would not save on the objective"
-        )
-    return "".join(notes)
+    return NightPlan.from_xcom(night).groups

@@ -23,6 +23,7 @@ from carbonflow.operators.triggers import BackendRunTrigger, CarbonWindowTrigger
 from carbonflow.session import CarbonSource, RunSession, SessionClock, WaitState
 from carbonflow.session.clock import DEFAULT_DEADLINE_TIME_UTC, next_deadline
 from carbonflow.session.source import finish_by_on_clock, session_clock
+from carbonflow.session.state import NightPlan
 from carbonflow.tracking.held import HELD_RUNS_XCOM_KEY, hold_runs
 
 
@@ -140,17 +141,20 @@ class CarbonAwareTrainingOperator(BaseOperator):
             raise ValueError(f"no profile in XCom of task {self.profile_task_id!r}")
         return Profile.model_validate(raw)
 
-    def _night(self, context: Any) -> dict[str, Any] | None:
-        """The night plan this task trains a group of (pulled once: it holds every job's profile), or None."""
+    def _night(self, context: Any) -> NightPlan | None:
+        """The night plan this task trains a group of (pulled once: it holds every job's profile), or None.
+
+        What XCom holds is read by :meth:`NightPlan.from_xcom`: this version, or carbonflow 0.1.0's dict.
+        """
         if not self.night_plan_task_id:
             return None
         night = context["ti"].xcom_pull(task_ids=self.night_plan_task_id)
         if not night:
             raise ValueError(f"no night plan in XCom of task {self.night_plan_task_id!r}")
-        return night
+        return NightPlan.from_xcom(night)
 
     def _initial_state(
-        self, context: Any, session: RunSession, clock: SessionClock, night: dict[str, Any] | None
+        self, context: Any, session: RunSession, clock: SessionClock, night: NightPlan | None
     ) -> WaitState:
         if night is not None:
             group = self.gpu_group or [parse_job(self.job).name]  # type: ignore[arg-type]
@@ -246,12 +250,12 @@ class CarbonAwareTrainingOperator(BaseOperator):
             return outcome.jobs[0].to_json()
         return outcome.to_json()
 
-    def _region(self, night: dict[str, Any] | None) -> str:
+    def _region(self, night: NightPlan | None) -> str:
         if self.job is not None:
             return parse_job(self.job).region
-        jobs = (night or {}).get("jobs", {})
+        jobs = night.jobs if night is not None else {}
         name = next((n for n in self.gpu_group or [] if n in jobs), None)
-        return JobSpec.model_validate(jobs[name]).region if name else "GB"
+        return jobs[name].region if name else "GB"
 
     def on_kill(self) -> None:
         """Stop the training; the wrapper restores the power limits on SIGTERM."""
@@ -259,12 +263,12 @@ class CarbonAwareTrainingOperator(BaseOperator):
             self._running.cancel()
 
 
-def _refuse_split_pair(night: dict[str, Any], group: list[str]) -> None:
+def _refuse_split_pair(night: NightPlan, group: list[str]) -> None:
     """A task given one job of a co-located pair would train it apart from its partner: say how to wire it."""
-    plan = night.get("plans", {}).get(group[0]) if len(group) == 1 else None
-    if plan and plan.get("colocated_with"):
+    plan = night.plans.get(group[0]) if len(group) == 1 else None
+    if plan is not None and plan.colocated_with:
         raise ValueError(
-            f"the night plan puts {group[0]} on one GPU with {plan['colocated_with'][0]}: train the night's "
+            f"the night plan puts {group[0]} on one GPU with {plan.colocated_with[0]}: train the night's "
             "GPU groups with CarbonAwareTrainingOperator.partial(...)"
             ".expand(gpu_group=night_gpu_groups(plan_night.output))"
         )

@@ -20,7 +20,7 @@ from carbonflow.energy.lease import safe_name
 from carbonflow.models import Config, Forecast, JobSpec, Plan, Profile, RunResult
 from carbonflow.session.clock import SessionClock
 from carbonflow.session.source import CarbonSource
-from carbonflow.session.state import GroupMember, WaitState
+from carbonflow.session.state import GroupMember, NightPlan, WaitState
 from carbonflow.units import format_emissions_g, format_energy_j
 
 LAUNCH_TOLERANCE_S = 60.0
@@ -154,33 +154,35 @@ class RunSession:
         member = observed(GroupMember(job=spec, plan=plan, profile=profile), now)
         return WaitState(members=[member], first_now=now, forecast=forecast)
 
-    def from_night_plan(self, night: Mapping[str, Any], group: Sequence[str]) -> WaitState:
-        """The wait state of one GPU group of a night plan (the plan's ``groups`` name them)."""
-        missing = [name for name in group if name not in night.get("plans", {})]
+    def from_night_plan(self, night: NightPlan | Mapping[str, Any], group: Sequence[str]) -> WaitState:
+        """The wait state of one GPU group of a night plan (the plan's ``groups`` name them).
+
+        ``night``: a :class:`NightPlan`, or its XCom JSON (this version's or carbonflow 0.1.0's dict).
+        """
+        night = NightPlan.from_xcom(night)
+        missing = [name for name in group if name not in night.plans]
         if missing or not 1 <= len(group) <= 2:
-            known = ", ".join(sorted(night.get("plans", {})))
+            known = ", ".join(sorted(night.plans))
             raise ValueError(f"group={list(group)!r} is not a GPU group of the night plan (its jobs: {known})")
-        plans = [Plan.model_validate(night["plans"][name]) for name in group]
+        plans = [night.plans[name].model_copy(deep=True) for name in group]
         if len(plans) == 2 and plans[0].colocated_with != [plans[1].job]:
             raise ValueError(f"group={list(group)!r}: the night plan does not put these jobs on one GPU")
-        guards = night.get("min_kept_speed", {}) if len(plans) == 2 else {}
-        notes = night.get("notes", {})
+        guards = night.min_kept_speed if len(plans) == 2 else {}
         members = [
             GroupMember(
-                job=night["jobs"][p.job],
+                job=night.jobs[p.job].model_copy(deep=True),
                 plan=p,
-                profile=night["profiles"][p.job],
+                profile=night.profiles[p.job].model_copy(deep=True),
                 min_kept_speed=guards.get(p.job),
-                note=notes.get(p.job, ""),
+                note=night.notes.get(p.job, ""),
             )
             for p in plans
         ]
-        forecast = night.get("forecasts", {}).get(plans[0].region)
-        now = datetime.fromisoformat(night["now"])
-        members = [observed(m, now) for m in members]
+        forecast = night.forecasts.get(plans[0].region)
+        members = [observed(m, night.now) for m in members]
         for member in members:
             self.log.info("night plan of %s: %s", member.job.name, member.plan.reason)
-        return WaitState(members=members, first_now=night["now"], forecast=forecast)
+        return WaitState(members=members, first_now=night.now, forecast=forecast)
 
     # ---- waiting --------------------------------------------------------------------------
     def next_wake(self, state: WaitState, now: datetime, replan_interval_s: float) -> datetime | None:
