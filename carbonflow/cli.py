@@ -195,6 +195,8 @@ def run_shared(
 
 HOME_HELP = "carbonflow home (the .carbonflow folder holding the spool)"
 HOME_DEFAULT = "$CARBONFLOW_HOME, else ./.carbonflow"  # carbonflow.settings.home_dir, the one resolver
+AIRFLOW_PORT_DEFAULT = "$CARBONFLOW_AIRFLOW_PORT, else 8080"  # carbonflow.settings.airflow_port
+MLFLOW_PORT_DEFAULT = "$CARBONFLOW_MLFLOW_PORT, else 5000"  # carbonflow.settings.mlflow_port_setting
 
 
 @app.command()
@@ -375,11 +377,13 @@ def serve(
         typer.Option(help="state: Airflow DB, MLflow store, logs, the admin password file", show_default=HOME_DEFAULT),
     ] = None,
     port: Annotated[
-        int, typer.Option(help="Airflow UI/API port (127.0.0.1)", min=1, max=65535, envvar="CARBONFLOW_AIRFLOW_PORT")
-    ] = 8080,
+        int | None,
+        typer.Option(help="Airflow UI/API port (127.0.0.1)", min=1, max=65535, show_default=AIRFLOW_PORT_DEFAULT),
+    ] = None,
     mlflow_port: Annotated[
-        int, typer.Option(help="MLflow port (127.0.0.1)", min=1, max=65535, envvar="CARBONFLOW_MLFLOW_PORT")
-    ] = 5000,
+        int | None,
+        typer.Option(help="MLflow port (127.0.0.1)", min=1, max=65535, show_default=MLFLOW_PORT_DEFAULT),
+    ] = None,
     live: Annotated[bool, typer.Option(help="live carbon APIs and the wall clock instead of the replay")] = False,
     detach: Annotated[bool, typer.Option(help="start in the background and return (stop with --stop)")] = False,
     stop: Annotated[bool, typer.Option(help="stop the stack running under --home")] = False,
@@ -387,7 +391,7 @@ def serve(
     """Serve your DAG folder in the local Airflow UI (with the Carbon page) and MLflow, until Ctrl-C."""
     from carbonflow.serve import ServeError, stop_stack
     from carbonflow.serve import serve as serve_stack
-    from carbonflow.settings import home_dir
+    from carbonflow.settings import airflow_port, home_dir, mlflow_port_setting
 
     home = home or home_dir()
     try:
@@ -395,9 +399,11 @@ def serve(
             raise typer.Exit(stop_stack(home.resolve()))
         if dags is None:
             raise ServeError("--dags: missing; give the folder that holds your DAG files, e.g. --dags ./dags")
+        port = port or airflow_port()
+        mlflow_port = mlflow_port or mlflow_port_setting()
         code = serve_stack(dags, home, airflow_port=port, mlflow_port=mlflow_port, live=live, detach=detach,
                            echo=typer.echo)  # fmt: skip
-    except ServeError as err:
+    except (ServeError, ValueError) as err:
         raise _refuse_file(str(err)) from None
     raise typer.Exit(code)
 

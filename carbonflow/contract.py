@@ -16,13 +16,17 @@ wrapper's whole environment: a worker's credentials (``AIRFLOW__*``, ``MLFLOW_TR
 never reach a training unless its job declares them (``env``, or ``env_from_connections`` resolved by the
 operator).
 
-This module is the one list. Code that sets these variables imports their names from here.
+This module is the one list. Code that sets these variables imports their names from here, and a training
+reads them through its functions (:func:`progress_file`, :func:`work_epochs`, ...): besides
+:mod:`carbonflow.settings`, this is the only module that reads a ``CARBONFLOW_*`` variable.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 
 # --- the training contract (set by the wrapper for the training child) -------------------------------
 PROGRESS_FILE_ENV = "CARBONFLOW_PROGRESS_FILE"
@@ -46,6 +50,10 @@ BATCH_SIZE_ENV = "CARBONFLOW_BATCH_SIZE"
 MODE_ENV = "CARBONFLOW_MODE"
 """``train`` or ``profile``."""
 CONTAINERS_ENV = "CARBONFLOW_CONTAINERS"
+LR_ENV = "CARBONFLOW_LR"
+"""The built-in digits workload's learning rate (passed on from the wrapper's environment)."""
+THREADS_PER_CONTAINER_ENV = "CARBONFLOW_THREADS_PER_CONTAINER"
+"""The built-in digits workload's CPU threads per container (passed on from the wrapper's environment)."""
 
 # --- node safety (set by carbonflow's deployment; never by a job) -----------------------------------
 POWER_JOURNAL_DIR_ENV = "CARBONFLOW_POWER_JOURNAL_DIR"
@@ -191,8 +199,8 @@ TRAINING_ENV_RUNTIME: dict[str, str] = {
     "MASTER_ADDR": "a rank of a multi-pod run: set by Kubernetes for the training (never by a job)",
     "MASTER_PORT": "a rank of a multi-pod run: set by Kubernetes for the training (never by a job)",
     SIM_SLOWDOWN_ENV: "a simulated GPU's fixed slowdown",
-    "CARBONFLOW_LR": "the built-in digits workload's learning rate",
-    "CARBONFLOW_THREADS_PER_CONTAINER": "the built-in digits workload's CPU threads per container",
+    LR_ENV: "the built-in digits workload's learning rate",
+    THREADS_PER_CONTAINER_ENV: "the built-in digits workload's CPU threads per container",
 }
 """The short named set a training needs to run Python and CUDA sensibly, passed on when the wrapper has it."""
 
@@ -250,3 +258,81 @@ def without_credentials(environ: Mapping[str, str]) -> dict[str, str]:
     A training running as the wrapper's user could read the wrapper's ``/proc/<pid>/environ``; the wrapper
     needs none of these (it never talks to Airflow, MLflow or a cloud), so it never has them."""
     return {k: v for k, v in environ.items() if not holds_credentials(k)}
+
+
+# --- what a training reads of the environment the wrapper hands it ------------------------------------------
+def training_value(name: str, environ: Mapping[str, str] | None = None) -> str:
+    """The value the wrapper handed the training for ``name`` ("" when unset), from ``environ`` (default: this
+    process's environment)."""
+    return (os.environ if environ is None else environ).get(name, "")
+
+
+def _path(name: str) -> Path | None:
+    value = training_value(name)
+    return Path(value) if value else None
+
+
+def progress_file() -> Path | None:
+    """The JSON-lines file to append progress reports to (``$CARBONFLOW_PROGRESS_FILE``); None: no reports."""
+    return _path(PROGRESS_FILE_ENV)
+
+
+def stop_file() -> Path | None:
+    """The file whose existence tells the training to stop (``$CARBONFLOW_STOP_FILE``); None when unset."""
+    return _path(STOP_FILE_ENV)
+
+
+def output_dir() -> Path:
+    """Where the training saves its outputs (``$CARBONFLOW_OUTPUT_DIR``, else the working folder; not created)."""
+    return _path(OUTPUT_DIR_ENV) or Path(".")
+
+
+def max_steps() -> int | None:
+    """Profile mode's cap on steps (``$CARBONFLOW_MAX_STEPS``); None when unset."""
+    value = training_value(MAX_STEPS_ENV)
+    return int(value) if value else None
+
+
+def training_mode() -> str:
+    """``train`` or ``profile`` (``$CARBONFLOW_MODE``; "" when unset)."""
+    return training_value(MODE_ENV)
+
+
+def sim_slowdown_text(environ: Mapping[str, str] | None = None) -> str:
+    """A simulated GPU's fixed slowdown factor as given (``$CARBONFLOW_SIM_SLOWDOWN``; "" when unset)."""
+    return training_value(SIM_SLOWDOWN_ENV, environ)
+
+
+def sim_slowdown_file() -> Path | None:
+    """The file holding a simulated GPU's current slowdown factor (``$CARBONFLOW_SIM_SLOWDOWN_FILE``)."""
+    return _path(SIM_SLOWDOWN_FILE_ENV)
+
+
+def _work_number(name: str, default: float, kind: type[int] | type[float]) -> int | float:
+    value = training_value(name)
+    if not value:
+        return default
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not allowed; give a {kind.__name__} number") from None
+
+
+def work_epochs(default: int) -> int:
+    """The job's epochs (``$CARBONFLOW_EPOCHS``, else ``default``)."""
+    return int(_work_number(EPOCHS_ENV, default, int))
+
+
+def work_batch_size(default: int) -> int:
+    """The job's batch size (``$CARBONFLOW_BATCH_SIZE``, else ``default``)."""
+    return int(_work_number(BATCH_SIZE_ENV, default, int))
+
+
+def learning_rate(default: float) -> float:
+    """The built-in digits workload's learning rate (``$CARBONFLOW_LR``, else ``default``)."""
+    return float(_work_number(LR_ENV, default, float))
+
+
+def threads_per_container(default: int) -> int:
+    """The built-in digits workload's CPU threads per container (``$CARBONFLOW_THREADS_PER_CONTAINER``)."""
+    return int(_work_number(THREADS_PER_CONTAINER_ENV, default, int))

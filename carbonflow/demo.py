@@ -19,6 +19,16 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from carbonflow.settings import (
+    DAGS_FOLDER_ENV,
+    DEMO_NIGHT_ENV,
+    HOME_ENV,
+    REPLAY_ENV,
+    REPLAY_MIN_WAIT_ENV,
+    dags_folder_setting,
+    replay_min_wait_text,
+    use_home,
+)
 from carbonflow.terminal import short_time
 
 DAG_ID = "nightly_retrain"
@@ -33,10 +43,10 @@ def demo_env(home: Path, dags_folder: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {
-            "CARBONFLOW_HOME": str(home),
-            "CARBONFLOW_REPLAY": "1",
+            HOME_ENV: str(home),
+            REPLAY_ENV: "1",
             # `airflow dags test` runs triggers in-process: no scheduler to race, so replayed waits can be short.
-            "CARBONFLOW_REPLAY_MIN_WAIT_S": env.get("CARBONFLOW_REPLAY_MIN_WAIT_S", "1"),
+            REPLAY_MIN_WAIT_ENV: replay_min_wait_text(env, default="1"),
             "AIRFLOW_HOME": str(airflow_home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -74,14 +84,14 @@ def prepare_airflow(env: dict[str, str], log_path: Path) -> bool:
 def find_dags_folder() -> Path:
     """``$CARBONFLOW_DAGS_FOLDER``, else ``./dags``, else the ``dags`` folder of the checkout carbonflow is installed
     from (``make install`` installs it editable), so ``carbonflow demo`` runs from any folder."""
-    given = os.environ.get("CARBONFLOW_DAGS_FOLDER")
+    given = dags_folder_setting()
     folder = Path(given or "dags").resolve()
     checkout = Path(__file__).resolve().parents[1] / "dags"
     if not given and not (folder / f"{DAG_ID}.py").exists() and (checkout / f"{DAG_ID}.py").exists():
         folder = checkout
     if not (folder / f"{DAG_ID}.py").exists():
         raise FileNotFoundError(
-            f"{folder / (DAG_ID + '.py')} not found; run from the repository or set CARBONFLOW_DAGS_FOLDER"
+            f"{folder / (DAG_ID + '.py')} not found; run from the repository or set {DAGS_FOLDER_ENV}"
         )
     return folder
 
@@ -103,7 +113,7 @@ def run_demo(home: Path, console: Console | None = None) -> int:
             console.print(f"[red]airflow db migrate failed; see {log_path}[/]")
             return 1
     console.print(f"Airflow ready ({time.monotonic() - t0:.0f} s)")
-    from carbonflow.workloads.catalog import DEMO_NIGHT_ENV, NIGHTLY_JOBS
+    from carbonflow.workloads.catalog import NIGHTLY_JOBS
 
     jobs = [job["name"] for job in NIGHTLY_JOBS]
     earlier = training_run_ids(env["MLFLOW_TRACKING_URI"], jobs)
@@ -122,7 +132,7 @@ def run_demo(home: Path, console: Console | None = None) -> int:
     console.print(f"{DAG_ID} finished ({time.monotonic() - t0:.0f} s)")
     os.environ["MLFLOW_TRACKING_URI"] = env["MLFLOW_TRACKING_URI"]
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # the table reads a few small files
-    os.environ["CARBONFLOW_HOME"] = str(home)
+    use_home(home)
     runs = latest_training_runs(env["MLFLOW_TRACKING_URI"], jobs, earlier=earlier)
     if not runs:
         console.print(f"[red]no MLflow training run found; see {log_path}[/]")

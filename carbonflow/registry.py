@@ -17,9 +17,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from carbonflow import settings
 from carbonflow.models import JobSpec, field_bounds, field_problems
 
-JOBS_DIR_ENV = "CARBONFLOW_JOBS_DIR"
+JOBS_DIR_ENV = settings.JOBS_DIR_ENV
 SUFFIXES = (".yaml", ".yml", ".json")
 MAX_JOB_FILE_BYTES = 64 * 1024
 """Largest job file read; checked before parsing (a job is a few hundred bytes)."""
@@ -38,9 +39,9 @@ class RegistryError(ValueError):
 
 def registry_dir(dags_folder: str | Path | None = None) -> Path:
     """``$CARBONFLOW_JOBS_DIR``, else ``<dags_folder>/jobs``."""
-    env = os.environ.get(JOBS_DIR_ENV)
-    if env:
-        return Path(env)
+    given = settings.jobs_dir_setting()
+    if given:
+        return given
     if dags_folder is None:
         raise RegistryError(f"{JOBS_DIR_ENV} is unset and no DAGs folder was given; set it to the registry folder")
     return Path(dags_folder) / "jobs"

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from carbonflow import settings
+
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 EXIT_USAGE = 2
 POLL_S = 2.0
@@ -57,12 +59,12 @@ def stack_env(
     env = dict(os.environ if base is None else base)
     env.update(
         {
-            "CARBONFLOW_HOME": str(home),
-            "CARBONFLOW_DAGS_FOLDER": str(dags),
-            "CARBONFLOW_AIRFLOW_PORT": str(airflow_port),
-            "CARBONFLOW_MLFLOW_PORT": str(mlflow_port),
-            "CARBONFLOW_VENV": env.get("CARBONFLOW_VENV") or str(Path(sys.executable).parent.parent),
-            "CARBONFLOW_REPLAY": "0" if live else "1",
+            settings.HOME_ENV: str(home),
+            settings.DAGS_FOLDER_ENV: str(dags),
+            settings.AIRFLOW_PORT_ENV: str(airflow_port),
+            settings.MLFLOW_PORT_ENV: str(mlflow_port),
+            settings.VENV_ENV: settings.venv_setting(env) or str(Path(sys.executable).parent.parent),
+            settings.REPLAY_ENV: "0" if live else "1",
             "CARBONFLOW_DAGS_PAUSED_AT_CREATION": "False",
             "CARBONFLOW_STOP_HINT": f"Ctrl-C here, or carbonflow serve --stop --home {home}",
         }
@@ -73,7 +75,7 @@ def stack_env(
 def stop_stack(home: Path, env: dict[str, str] | None = None) -> int:
     """Stop the stack whose PID files are in ``home``/run (``scripts/stop.sh``); its exit code."""
     env = dict(os.environ if env is None else env)
-    env["CARBONFLOW_HOME"] = str(home)
+    env[settings.HOME_ENV] = str(home)
     return subprocess.call([str(script("stop.sh"))], env=env)
 
 

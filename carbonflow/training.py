@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from carbonflow import contract
 from carbonflow.contract import (
     MAX_STEPS_ENV,
-    MODE_ENV,
     OUTPUT_DIR_ENV,
     PROGRESS_FILE_ENV,
     SIM_SLOWDOWN_ENV,
@@ -56,15 +56,11 @@ class _Reporter:
     def __init__(self) -> None:
         self.steps = 0
         self.last_step_end_s = time.monotonic()
-        self.slowdown = max(1.0, float(os.environ.get(SIM_SLOWDOWN_ENV, "1") or 1))
-        slowdown_file = os.environ.get(SIM_SLOWDOWN_FILE_ENV)
-        self.slowdown_file = Path(slowdown_file) if slowdown_file else None
-        stop_file = os.environ.get(STOP_FILE_ENV)
-        self.stop_file = Path(stop_file) if stop_file else None
-        max_steps = os.environ.get(MAX_STEPS_ENV)
-        self.max_steps = int(max_steps) if max_steps else None
-        path = os.environ.get(PROGRESS_FILE_ENV)
-        self.path = Path(path) if path else None
+        self.slowdown = max(1.0, float(contract.sim_slowdown_text() or 1))
+        self.slowdown_file = contract.sim_slowdown_file()
+        self.stop_file = contract.stop_file()
+        self.max_steps = contract.max_steps()
+        self.path = contract.progress_file()
         # Only rank 0 writes in a distributed run; every rank throttles.
         self.rank = int(os.environ.get("RANK", "0"))
 
@@ -135,11 +131,11 @@ def should_stop() -> bool:
 
 def profiling() -> bool:
     """True while carbonflow profiles the job (``CARBONFLOW_MODE=profile``): train until :func:`should_stop`."""
-    return os.environ.get(MODE_ENV) == "profile" or _get().max_steps is not None
+    return contract.training_mode() == "profile" or _get().max_steps is not None
 
 
 def output_dir() -> Path:
     """Where to write the model and other outputs (created when missing)."""
-    path = Path(os.environ.get(OUTPUT_DIR_ENV, "."))
+    path = contract.output_dir()
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -10,7 +10,6 @@ the rest.
 
 from __future__ import annotations
 
-import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -25,10 +24,11 @@ from carbonflow.operators import (
 )
 from carbonflow.operators.night import night_gpu_groups
 from carbonflow.registry import load_registry, registry_dir
+from carbonflow.settings import max_pairs_per_night, night_gpus
 
 GPU_POOL = "carbonflow_gpu"
-GPUS = int(os.environ.get("CARBONFLOW_NIGHT_GPUS", "2"))
-MAX_PAIRS = int(os.environ.get("CARBONFLOW_MAX_PAIRS_PER_NIGHT", "5"))
+GPUS = night_gpus(default=2)
+MAX_PAIRS = max_pairs_per_night(default=5)
 
 JOBS = {name: spec.model_dump(mode="json", exclude_none=True)
         for name, spec in load_registry(registry_dir(Path(__file__).parent)).items()}  # fmt: skip

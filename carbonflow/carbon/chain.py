@@ -9,7 +9,6 @@ credential the chain knows before they reach a log line or a note.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -20,6 +19,7 @@ from carbonflow.carbon.fallbacks import ClimatologyProvider, StaticProvider
 from carbonflow.carbon.regions import ResolvedRegion, resolve_region
 from carbonflow.carbon.replay import ReplayProvider
 from carbonflow.models import Forecast, ForecastPoint, SignalKind
+from carbonflow.settings import provider_credential
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ def _cred(credentials: Mapping[str, Mapping[str, Any]], provider: str, field: st
     for name in _FIELD_ALIASES.get(field, (field,)):
         if values.get(name):
             return str(values[name])
-    return os.environ.get(env) or None
+    return provider_credential(env)
 
 
 def _replay_kind(providers: Sequence[Any], zone: str) -> SignalKind:

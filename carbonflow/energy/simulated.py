@@ -37,11 +37,12 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
+from carbonflow.contract import SIM_SLOWDOWN_ENV, sim_slowdown_text
 from carbonflow.energy.device import Device
 from carbonflow.energy.errors import EnergyError
 from carbonflow.models import SimulatedGpuSpec
 
-SLOWDOWN_ENV = "CARBONFLOW_SIM_SLOWDOWN"
+SLOWDOWN_ENV = SIM_SLOWDOWN_ENV
 """Environment variable carrying the simulated GPU's slowdown factor to the training child."""
 
 GPU_FILES = {"V100": "v100", "A40": "a40", "RTX6000": "rtx6000", "P100": "p100"}
@@ -400,11 +401,8 @@ class SimulatedGpu(_ClockedGpu):
 
 def slowdown_from_env(environ: dict[str, str] | None = None) -> float:
     """The slowdown factor passed by the wrapper in ``CARBONFLOW_SIM_SLOWDOWN`` (1.0 when unset)."""
-    import os
-
-    env = os.environ if environ is None else environ
-    raw = env.get(SLOWDOWN_ENV)
-    if raw is None or raw == "":
+    raw = sim_slowdown_text(environ)
+    if raw == "":
         return 1.0
     try:
         value = float(raw)

@@ -40,6 +40,7 @@ from urllib.parse import urlencode
 
 from carbonflow.contract import GPU_INDEX_MAP_ENV, ZEUSD_SOCK_ENV
 from carbonflow.energy.errors import EnergyError, PowerLimitNotPermitted
+from carbonflow.settings import gpu_index_map_file
 
 HOLDERS_GROUP = "carbonflow-holders"
 """The API group of carbonflow's power agent: writes name their holder, and holders are released, per GPU."""
@@ -138,12 +139,12 @@ class ZeusdClient:
 
     def host_index(self, gpu_uuid: str, local_index: int, local_count: int) -> int:
         """zeusd's (host) index of the GPU with ``gpu_uuid`` (see the module docstring); never a guess."""
-        map_path = os.environ.get(GPU_INDEX_MAP_ENV)
+        map_path = gpu_index_map_file()
         if map_path:
             try:
-                mapping = json.loads(Path(map_path).read_text())
+                mapping = json.loads(map_path.read_text())
             except (OSError, ValueError) as exc:
-                raise ZeusdError(f"{GPU_INDEX_MAP_ENV}={map_path!r} is not a readable JSON map: {exc}") from exc
+                raise ZeusdError(f"{GPU_INDEX_MAP_ENV}={str(map_path)!r} is not a readable JSON map: {exc}") from exc
             if gpu_uuid not in mapping:
                 raise ZeusdError(f"GPU {gpu_uuid} is not in the node's index map {map_path} ({sorted(mapping)})")
             return int(mapping[gpu_uuid])

@@ -20,33 +20,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from carbonflow.contract import GPU_WAIT_ENV, TRAINING_GID_ENV, TRAINING_UID_ENV, ZEUSD_SOCK_ENV
+from carbonflow.contract import ZEUSD_SOCK_ENV
 from carbonflow.energy.errors import GpuLeaseUnavailable
 from carbonflow.energy.lease import GpuLeaseSet, acquire_gpus
 from carbonflow.energy.vendors import pin as pin_gpus
 from carbonflow.energy.vendors import vendor_of
 from carbonflow.execution.errors import GpuUnavailable
+from carbonflow.settings import gpu_wait_s, training_owner
 
-DEFAULT_GPU_WAIT_S = 300.0
 GUARD_PATH = Path(__file__).with_name("guard.py")
 """Run by path: the guard imports nothing of carbonflow (nor of its dependencies)."""
 GUARD_FLAGS = ("-I", "-S")
 """Isolated (no ``PYTHON*`` variable, no user site, no working directory or script folder on ``sys.path``) and
 without ``site`` (no ``.pth`` file of the environment runs): the guard needs the standard library only."""
-
-
-def gpu_wait_s() -> float:
-    """Seconds a wrapper waits for its GPUs' leases (``CARBONFLOW_GPU_WAIT_S``, default 300)."""
-    raw = os.environ.get(GPU_WAIT_ENV)
-    if raw is None:
-        return DEFAULT_GPU_WAIT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise ValueError(f"{GPU_WAIT_ENV}={raw!r} is not allowed; give a number of seconds >= 0")
-    return value
 
 
 def _durable(gpu: Any) -> bool:
@@ -72,26 +58,6 @@ def pinned_env(env: dict[str, str], gpus: Sequence[Any]) -> dict[str, str]:
     """``env`` with the training pinned to ``gpus``: each GPU's vendor sets its own visible-devices variable
     (NVIDIA: ``CUDA_VISIBLE_DEVICES`` by UUID; simulated GPUs: nothing)."""
     return pin_gpus(env, gpus) if gpus else env
-
-
-def training_owner() -> tuple[int, int] | None:
-    """(uid, gid) the training runs as, from ``$CARBONFLOW_TRAINING_UID`` / ``_GID``; None: the wrapper's own."""
-    raw = os.environ.get(TRAINING_UID_ENV)
-    if not raw:
-        return None
-    try:
-        uid = int(raw)
-        gid = int(os.environ.get(TRAINING_GID_ENV) or raw)
-    except ValueError:
-        raise ValueError(
-            f"{TRAINING_UID_ENV}={raw!r} / {TRAINING_GID_ENV} must be numeric user and group ids"
-        ) from None
-    if os.geteuid() != 0:
-        raise PermissionError(
-            f"{TRAINING_UID_ENV}={uid} needs the wrapper to run as root (it drops to that user for the training); "
-            f"it runs as uid {os.geteuid()}"
-        )
-    return uid, gid
 
 
 def drop_privileges_for_training(env: dict[str, str], writable: list[Path]) -> dict[str, str]:

@@ -30,7 +30,6 @@ No Airflow here (execution/ imports none): the objects are the ones the cncf-kub
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from carbonflow.contract import (
 )
 from carbonflow.execution.signing import RESULT_KEY_ENV
 from carbonflow.models import JobSpec, Plan
+from carbonflow.settings import K8S_SETTINGS_ENV, k8s_settings_json
 
 LABEL_APP = "app.kubernetes.io/name"
 LABEL_JOB = "carbonflow.io/job"
@@ -59,7 +59,7 @@ COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 CONTAINER_NAME = "base"  # the container's name (the cncf-kubernetes provider's too); results are read from it
 JOB_NAME_PREFIX = "job-"  # a Job is named job-<run> (as the provider named it)
 KUBERNETES_SCHEMA_VERSION = "1.37.0"
-SETTINGS_ENV = "CARBONFLOW_K8S_SETTINGS"
+SETTINGS_ENV = K8S_SETTINGS_ENV
 _DNS_LABEL_RE = re.compile(r"[^a-z0-9-]+")
 
 
@@ -141,7 +141,7 @@ class KubernetesSettings(BaseModel):
     @classmethod
     def from_env(cls) -> KubernetesSettings:
         """Settings from ``$CARBONFLOW_K8S_SETTINGS`` (a JSON object of these fields), defaults otherwise."""
-        raw = os.environ.get(SETTINGS_ENV)
+        raw = k8s_settings_json()
         if not raw:
             return cls()
         try:

@@ -228,11 +228,13 @@ class KubernetesBackend:
         """
         import os
 
+        from carbonflow.settings import k8s_context
+
         in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not os.environ.get("KUBECONFIG")
         return cls(
             KubernetesSettings.from_env(),
             config_file=None if in_cluster else os.environ.get("KUBECONFIG"),
-            context=os.environ.get("CARBONFLOW_K8S_CONTEXT"),
+            context=k8s_context(),
             in_cluster=in_cluster,
             **kwargs,
         )

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
 
-RESULT_KEY_ENV = "CARBONFLOW_RESULT_KEY"
+from carbonflow import settings
+
+RESULT_KEY_ENV = settings.RESULT_KEY_ENV
 RESULT_LINE_PREFIX = "CARBONFLOW_RESULT"
 SIGNATURE_TAG = "hmac-sha256="
 NOT_SIGNED = "result not signed by this run's wrapper"
@@ -38,7 +39,7 @@ def new_result_key() -> str:
 
 def take_result_key() -> str | None:
     """The wrapper's key, removed from its environment so no child (the training) inherits it."""
-    return os.environ.pop(RESULT_KEY_ENV, None) or None
+    return settings.take_result_key()
 
 
 def _mac(payload: str, key: str) -> str:

@@ -9,13 +9,13 @@ the outcome as XCom. A run whose MLflow record could not be written is also push
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from carbonflow import settings
 from carbonflow.energy.lease import safe_name
 from carbonflow.models import JobSpec, Profile, parse_job
 from carbonflow.operators.common import WarningCallback, carbon_source, home, state_with_connection_env, tell
@@ -104,7 +104,7 @@ class CarbonAwareTrainingOperator(BaseOperator):
         self.replay_start = replay_start
         self.replay_speedup = replay_speedup
         if replay_min_wait_s is None:
-            replay_min_wait_s = float(os.environ.get("CARBONFLOW_REPLAY_MIN_WAIT_S", "15"))
+            replay_min_wait_s = settings.replay_min_wait_s()
         self.replay_min_wait_s = replay_min_wait_s
         self.max_replans = max_replans
         self.replan_interval_s = replan_interval_s

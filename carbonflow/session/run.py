@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from carbonflow import settings
 from carbonflow.energy.lease import safe_name
 from carbonflow.models import Config, Forecast, JobSpec, Plan, Profile, RunResult
 from carbonflow.session.clock import SessionClock
@@ -449,14 +450,12 @@ def _where_logged(tracking: dict[str, Any]) -> str:
     return f"its MLflow run {run_id} has the tag carbonflow.error" if run_id else "its MLflow run was not logged"
 
 
-OBSERVE_ONLY_ENV = "CARBONFLOW_OBSERVE_ONLY"
+OBSERVE_ONLY_ENV = settings.OBSERVE_ONLY_ENV
 
 
 def observe_only(spec: JobSpec) -> bool:
     """The job runs in shadow: its own ``observe_only``, or ``$CARBONFLOW_OBSERVE_ONLY`` for the deployment."""
-    import os
-
-    return spec.observe_only or os.environ.get(OBSERVE_ONLY_ENV, "").lower() in {"1", "true", "yes"}
+    return spec.observe_only or settings.observe_only_from_env()
 
 
 def observed(member: GroupMember, now: datetime) -> GroupMember:

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import os
 from datetime import datetime, timedelta
 from typing import Any
 
+from carbonflow import settings
 from carbonflow.models import Forecast, ForecastPoint
 from carbonflow.session.clock import SessionClock
 
-REPLAY_ENV = "CARBONFLOW_REPLAY"
+REPLAY_ENV = settings.REPLAY_ENV
 
 
 def replay_enabled(flag: bool | None) -> bool:
     """Replay recorded carbon data instead of live APIs: the operator flag, else ``$CARBONFLOW_REPLAY``."""
     if flag is not None:
         return flag
-    return os.environ.get(REPLAY_ENV, "").lower() in {"1", "true", "yes"}
+    return settings.replay_from_env()
 
 
 class CarbonSource:

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from carbonflow.settings import home_dir
+
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
-HOME_ENV = "CARBONFLOW_HOME"
-DEFAULT_HOME = ".carbonflow"
 
 #: MLflow's own defaults (7 retries with back-off factor 2, 120 s timeout) take minutes to notice a
 #: dead server; carbonflow wants to know in seconds, spool the run, and move on.
@@ -25,9 +25,7 @@ HTTP_BACKOFF_FACTOR = 1
 
 
 def carbonflow_home() -> Path:
-    """carbonflow's local state folder: ``$CARBONFLOW_HOME`` or ``./.carbonflow`` (absolute; one resolver)."""
-    from carbonflow.settings import home_dir
-
+    """carbonflow's local state folder: :func:`carbonflow.settings.home_dir`, the one resolver."""
     return home_dir()
 
 

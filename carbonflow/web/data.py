@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -22,13 +21,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from carbonflow.models import Forecast, Plan
+from carbonflow.settings import CARBON_MODE_ENV, UI_REGION_ENV, carbon_mode, replay_text, ui_region_text
 from carbonflow.tracking import schema
 from carbonflow.units import J_PER_KWH
 
 log = logging.getLogger(__name__)
-
-CARBON_MODE_ENV = "CARBONFLOW_CARBON_MODE"  # validated; ignored (with a note) when the tasks use the other source
-UI_REGION_ENV = "CARBONFLOW_UI_REGION"
 
 
 @dataclass(frozen=True)
@@ -88,7 +85,7 @@ def page_region(region: str | None) -> str:
     if region is not None:
         return resolve_region(region).name
     try:
-        return resolve_region(os.environ.get(UI_REGION_ENV, "GB")).name
+        return resolve_region(ui_region_text()).name
     except ValueError as err:
         raise ValueError(f"{UI_REGION_ENV}: {err}") from None
 
@@ -324,10 +321,7 @@ def airflow_upcoming(limit: int = 50) -> list[UpcomingJob]:
 
 def _mode() -> str:
     """``$CARBONFLOW_CARBON_MODE`` as given ("" when unset); a value other than replay or live is refused."""
-    mode = os.environ.get(CARBON_MODE_ENV, "").strip().lower()
-    if mode not in ("", "replay", "live"):
-        raise ValueError(f"{CARBON_MODE_ENV}={mode!r} is not allowed; use 'replay' or 'live'")
-    return mode
+    return carbon_mode()
 
 
 @dataclass(frozen=True)
@@ -361,7 +355,7 @@ def tasks_carbon_source() -> TasksCarbonSource:
             source = carbon_source(None, None)
         except ImportError:  # outside Airflow (tests, a bare install): the chain without connection keys
             source = CarbonSource(replay=False)
-    raw = os.environ.get(REPLAY_ENV)
+    raw = replay_text()
     why = f"{REPLAY_ENV}={raw}" if raw not in (None, "") else f"{REPLAY_ENV} unset"
     mode = "replay" if replay else "live"
     notes = []
@@ -392,7 +386,7 @@ def page_forecast(upcoming: list[UpcomingJob], region: str | None = None, now: d
         return max(with_forecast, key=lambda j: j.forecast.issued_at).forecast  # type: ignore[union-attr]
     from carbonflow.session.source import DEFAULT_REPLAY_EVENING_H
 
-    region = region or os.environ.get(UI_REGION_ENV, "GB")
+    region = region or ui_region_text()
     tasks = tasks_carbon_source()
     if tasks.mode == "replay":
         start = now or tasks.source.replay_window(region)[0] + timedelta(hours=DEFAULT_REPLAY_EVENING_H)

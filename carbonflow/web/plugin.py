@@ -7,28 +7,25 @@ for deployments that mount the repository's ``plugins/`` folder.
 
 from __future__ import annotations
 
-import os
 from typing import Any, ClassVar
 
 from airflow.plugins_manager import AirflowPlugin
 
+from carbonflow.settings import UI_AUTH_ENV, ui_auth_mode
 from carbonflow.web.app import airflow_auth_dependency, airflow_readable_dags, create_app, everything
 from carbonflow.web.data import airflow_upcoming
 
 URL_PREFIX = "/carbonflow"
-AUTH_ENV = "CARBONFLOW_UI_AUTH"  # "airflow" (default): the page needs an Airflow login; "none": open
+AUTH_ENV = UI_AUTH_ENV  # "airflow" (default): the page needs an Airflow login; "none": open
 
 
 def _dependencies() -> list:
-    mode = os.environ.get(AUTH_ENV, "airflow").lower()
-    if mode not in ("airflow", "none"):
-        raise ValueError(f"{AUTH_ENV}={mode!r} is not allowed; use 'airflow' or 'none'")
-    return [airflow_auth_dependency()] if mode == "airflow" else []
+    return [airflow_auth_dependency()] if ui_auth_mode() == "airflow" else []
 
 
 def _readable_dags():
     """Which DAGs a user may read: Airflow's auth manager decides (everything when the page is open)."""
-    return airflow_readable_dags() if os.environ.get(AUTH_ENV, "airflow").lower() == "airflow" else everything
+    return airflow_readable_dags() if ui_auth_mode() == "airflow" else everything
 
 
 carbon_app = create_app(upcoming_source=airflow_upcoming, dependencies=_dependencies(), readable_dags=_readable_dags())

@@ -15,19 +15,10 @@ first, so the second night runs an amount of work the first did not and is predi
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-DEMO_NIGHT_ENV = "CARBONFLOW_DEMO_NIGHT"
-"""The demo's night (1, 2, ...), set by ``carbonflow demo`` for the DAG it runs; unset: the first night's work."""
-
-
-def demo_night() -> int:
-    """The demo's night from :data:`DEMO_NIGHT_ENV` (1 when unset); an unusable value is refused by name."""
-    raw = os.environ.get(DEMO_NIGHT_ENV, "") or "1"
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{DEMO_NIGHT_ENV}={raw!r} is not allowed; the demo's night is a whole number >= 1")
-    return int(raw)
+from carbonflow.settings import DEMO_NIGHT_ENV as DEMO_NIGHT_ENV  # read in carbonflow.settings
+from carbonflow.settings import demo_night
 
 
 def night_epochs(first_night: int, night: int) -> int:

@@ -15,6 +15,8 @@ import math
 import os
 import sys
 
+from carbonflow import contract
+
 SAMPLES_PER_EPOCH = 1437  # the 80 % train split of 1,797 digits (see _data); checked by a test
 
 
@@ -53,9 +55,9 @@ def build_model():  # type: ignore[no-untyped-def]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=int(os.environ.get("CARBONFLOW_EPOCHS", "15")))
-    parser.add_argument("--batch-size", type=int, default=int(os.environ.get("CARBONFLOW_BATCH_SIZE", "64")))
-    parser.add_argument("--lr", type=float, default=float(os.environ.get("CARBONFLOW_LR", "0.002")))
+    parser.add_argument("--epochs", type=int, default=contract.work_epochs(15))
+    parser.add_argument("--batch-size", type=int, default=contract.work_batch_size(64))
+    parser.add_argument("--lr", type=float, default=contract.learning_rate(0.002))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.epochs <= 0 or args.batch_size <= 0:
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     # One core per container (as a real allocation would give it); also avoids OpenMP spinning.
-    torch.set_num_threads(int(os.environ.get("CARBONFLOW_THREADS_PER_CONTAINER", "1")))
+    torch.set_num_threads(contract.threads_per_container(1))
     torch.manual_seed(args.seed)
     if world_size > 1:
         dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
