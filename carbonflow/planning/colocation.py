@@ -2,9 +2,10 @@
 
 Pure and deterministic. Two jobs share one device by time-slicing; each keeps a fraction of its solo speed
 (``speed``, from a pair profile or the history). Co-location is chosen only when the predicted slowdown of
-*each* job stays inside its ``max_slowdown`` and both deadlines hold, and only when it saves on the
-objective; after launch the early-observation check (:func:`separate_if_slow`) separates a pair whose
-measured slowdown breaks a bound.
+*each* job stays inside its ``max_slowdown`` and both deadlines hold, and only when it saves on the jobs'
+objectives, scored by the selectors their solo plans are chosen by (:func:`_score_on_own_objectives`); after
+launch the early-observation check (:func:`separate_if_slow`) separates a pair whose measured slowdown breaks a
+bound.
 
 API others call::
 
@@ -39,9 +40,10 @@ from datetime import datetime, timedelta
 import numpy as np
 
 from carbonflow.carbon.windows import held_window_means, slot_boundaries_s
-from carbonflow.models import Config, EnergyLabel, Forecast, ForecastPoint, JobSpec, Plan, Profile
+from carbonflow.models import Config, EnergyLabel, Forecast, ForecastPoint, JobSpec, Plan, Profile, parse_objective
 from carbonflow.planning.batch_size import batch_size_explorer, batch_size_of, deadline_epochs, point_power_w
 from carbonflow.planning.learning import JobHistory, slowdown_from_kept_speed
+from carbonflow.planning.objectives import Reference, objective_for
 from carbonflow.planning.optimizer import Candidate, DeadlineError, plan_job, predict_candidates
 from carbonflow.units import J_PER_KWH, nearest_minute
 
@@ -220,15 +222,16 @@ class _PairOption:
 
 
 def _reference(
-    spec: JobSpec, profile: Profile, history: JobHistory | None, refs: dict[str, Candidate] | None
-) -> Candidate:
-    """The job's reference configuration's prediction (remembered in ``refs`` when given)."""
+    spec: JobSpec, profile: Profile, history: JobHistory | None, refs: dict[str, tuple[Candidate, Reference]] | None
+) -> tuple[Candidate, Reference]:
+    """The job's reference configuration's prediction and the reference metrics its objective is scored against
+    (remembered in ``refs`` when given)."""
     if refs is not None and spec.name in refs:
         return refs[spec.name]
-    _, ref, _ = predict_candidates(spec, profile, history)
+    _, ref, metrics = predict_candidates(spec, profile, history)
     if refs is not None:
-        refs[spec.name] = ref
-    return ref
+        refs[spec.name] = (ref, metrics)
+    return ref, metrics
 
 
 def _pair_option(
@@ -242,7 +245,7 @@ def _pair_option(
     forecast: Forecast | None,
     now: datetime,
     history: JobHistory | None,
-    refs: dict[str, Candidate] | None = None,
+    refs: dict[str, tuple[Candidate, Reference]] | None = None,
     intensity_history: Sequence[ForecastPoint] | None = None,
 ) -> _PairOption | None:
     """Best joint start of a co-located pair (each at its reference configuration) and its saving.
@@ -252,8 +255,8 @@ def _pair_option(
     one start search ranks by (:func:`~carbonflow.carbon.windows.held_window_means` with ``history``): the
     solo plans were chosen on it, so a pair judged on the raw forecast would win exactly where the raw forecast
     is optimistic. The emissions reported are the forecast's own, as ``plan_job``'s are."""
-    ref_a = _reference(spec_a, prof_a, history, refs)
-    ref_b = _reference(spec_b, prof_b, history, refs)
+    ref_a, metrics_a = _reference(spec_a, prof_a, history, refs)
+    ref_b, metrics_b = _reference(spec_b, prof_b, history, refs)
     if ref_a.config.containers != 1 or ref_b.config.containers != 1:
         return None
     # Each job's fixed part (start-up, data loading, evaluation) is not slowed by sharing and draws no shared-GPU
@@ -299,39 +302,18 @@ def _pair_option(
     overlap_e = shared_a_j + shared_b_j + fixed_j[0] + fixed_j[1]
     t = 1 if steps.tail_job == "b" else 0
     tail_e = _per_sample_power_w((ref_a, ref_b)[t]) * steps.tail_s
-    objective_is_carbon = forecast is not None and spec_a.objective == "carbon" and spec_b.objective == "carbon"
-    solo = (
-        plan_a.predicted_emissions_g + plan_b.predicted_emissions_g
-        if objective_is_carbon
-        else plan_a.predicted_energy_j + plan_b.predicted_energy_j
-    )
-    if forecast is not None:
-        ci_overlap = held_window_means(forecast, now, s, tl.overlap_s)
-        ci_tail = held_window_means(forecast, now, s + tl.overlap_s, tl.tail_s)
-        rank_overlap, rank_tail = ci_overlap, ci_tail
-        if intensity_history and objective_is_carbon:
-            # One call, so pair and solo windows share one posterior (its level is matched over the windows).
-            solo_s = [(p.start - now).total_seconds() for p in (plan_a, plan_b)]
-            solo_d = [p.predicted_duration_s for p in (plan_a, plan_b)]
-            post = held_window_means(
-                forecast,
-                now,
-                np.concatenate([s, s + tl.overlap_s, solo_s]),
-                np.concatenate([np.full(s.size, tl.overlap_s), np.full(s.size, tl.tail_s), solo_d]),
-                history=intensity_history,
-            )
-            rank_overlap, rank_tail = post[: s.size], post[s.size : 2 * s.size]
-            solo = (plan_a.predicted_energy_j * post[-2] + plan_b.predicted_energy_j * post[-1]) / J_PER_KWH
-    else:
-        ci_overlap = ci_tail = rank_overlap = rank_tail = np.ones(s.size)
-    ranked = overlap_e / J_PER_KWH * rank_overlap + tail_e / J_PER_KWH * rank_tail
-    total = ranked if objective_is_carbon else np.full(s.size, overlap_e + tail_e)
-    best = int(np.lexsort((s, total))[0])
     first = (shared_a_j + fixed_j[0], shared_b_j + fixed_j[1])
     tails = (tail_e if steps.tail_job == "a" else 0.0, tail_e if steps.tail_job == "b" else 0.0)
+    run = _PairRun(s, tl, first, tails, overlap_e, tail_e, (tl.total_a_s, tl.total_b_s), (metrics_a, metrics_b))
+    texts = (_objective_tonight_text(spec_a, forecast), _objective_tonight_text(spec_b, forecast))
+    if all(parse_objective(text)[0] in ("carbon", "energy") for text in texts):
+        score = _score_on_carbon_or_energy(run, (plan_a, plan_b), forecast, now, intensity_history, texts)
+    else:
+        score = _score_on_own_objectives(run, (plan_a, plan_b), forecast, now, intensity_history, texts)
+    best = score.best
     e_a, e_b = first[0] + tails[0], first[1] + tails[1]
-    ci_1 = float(ci_overlap[best]) / J_PER_KWH
-    ci_2 = float(ci_tail[best]) / J_PER_KWH
+    ci_1 = float(score.ci_overlap[best]) / J_PER_KWH
+    ci_2 = float(score.ci_tail[best]) / J_PER_KWH
     g_a, g_b = first[0] * ci_1 + tails[0] * ci_2, first[1] * ci_1 + tails[1] * ci_2
     if forecast is None:
         g_a = g_b = 0.0
@@ -345,10 +327,197 @@ def _pair_option(
         e_b,
         tl.total_a_s,
         tl.total_b_s,
-        solo - float(total[best]),
+        score.saving,
         slow,
-        "g CO2e" if objective_is_carbon else "J",
+        score.unit,
     )
+
+
+@dataclass(frozen=True)
+class _PairRun:
+    """A pair's candidate joint starts (s after now) and what does not depend on the start: its timeline, each
+    job's energy while both run (``first_j``; both: ``overlap_energy_j``) and alone after (``tail_j``; the tail job's:
+    ``tail_energy_j``), each job's run time, and each job's
+    reference metrics (what its objective is scored against, as for its solo plan)."""
+
+    starts_s: np.ndarray
+    timeline: PairTimeline
+    first_j: tuple[float, float]
+    tail_j: tuple[float, float]
+    overlap_energy_j: float
+    tail_energy_j: float
+    total_s: tuple[float, float]
+    metrics: tuple[Reference, Reference]
+
+    @property
+    def energy_j(self) -> tuple[float, float]:
+        return self.first_j[0] + self.tail_j[0], self.first_j[1] + self.tail_j[1]
+
+
+@dataclass(frozen=True)
+class _PairScore:
+    """The pair's best start (index into the starts), its saving against the two solo plans and the saving's
+    unit, and the forecast's own intensities of its two windows at every start (for the emissions reported)."""
+
+    best: int
+    saving: float
+    unit: str
+    ci_overlap: np.ndarray
+    ci_tail: np.ndarray
+
+
+def _objective_tonight_text(spec: JobSpec, forecast: Forecast | None) -> str:
+    """The objective the job's solo plan was chosen on tonight: ``carbon`` without a forecast is ``energy``
+    (as :func:`~carbonflow.planning.optimizer.plan_job` plans it)."""
+    if forecast is None and parse_objective(spec.objective)[0] == "carbon":
+        return "energy"
+    return spec.objective
+
+
+def _score_on_carbon_or_energy(
+    run: _PairRun,
+    plans: tuple[Plan, Plan],
+    forecast: Forecast | None,
+    now: datetime,
+    intensity_history: Sequence[ForecastPoint] | None,
+    texts: tuple[str, str],
+) -> _PairScore:
+    """A pair of ``carbon`` and ``energy`` jobs, as before the other objectives were judged: on the two jobs'
+    summed emissions when both are ``carbon`` (and a forecast exists), else on their summed energy; ties to the
+    earliest start."""
+    s, tl = run.starts_s, run.timeline
+    plan_a, plan_b = plans
+    overlap_e, tail_e = run.overlap_energy_j, run.tail_energy_j
+    objective_is_carbon = texts == ("carbon", "carbon")
+    solo = (
+        plan_a.predicted_emissions_g + plan_b.predicted_emissions_g
+        if objective_is_carbon
+        else plan_a.predicted_energy_j + plan_b.predicted_energy_j
+    )
+    if forecast is not None:
+        ci_overlap = held_window_means(forecast, now, s, tl.overlap_s)
+        ci_tail = held_window_means(forecast, now, s + tl.overlap_s, tl.tail_s)
+        rank_overlap, rank_tail = ci_overlap, ci_tail
+        if intensity_history and objective_is_carbon:
+            rank_overlap, rank_tail, solo_ci = _posterior(run, plans, forecast, now, intensity_history)
+            solo = (plan_a.predicted_energy_j * solo_ci[0] + plan_b.predicted_energy_j * solo_ci[1]) / J_PER_KWH
+    else:
+        ci_overlap = ci_tail = rank_overlap = rank_tail = np.ones(s.size)
+    ranked = overlap_e / J_PER_KWH * rank_overlap + tail_e / J_PER_KWH * rank_tail
+    total = ranked if objective_is_carbon else np.full(s.size, overlap_e + tail_e)
+    best = int(np.lexsort((s, total))[0])
+    unit = "g CO2e" if objective_is_carbon else "J"
+    return _PairScore(best, solo - float(total[best]), unit, ci_overlap, ci_tail)
+
+
+def _posterior(
+    run: _PairRun,
+    plans: tuple[Plan, Plan],
+    forecast: Forecast,
+    now: datetime,
+    intensity_history: Sequence[ForecastPoint],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The robust posterior intensity of the pair's two windows at every start and of the two solo plans' runs,
+    in one call, so pair and solo windows share one posterior (its level is matched over the windows)."""
+    s, tl = run.starts_s, run.timeline
+    solo_s = [(p.start - now).total_seconds() for p in plans]
+    solo_d = [p.predicted_duration_s for p in plans]
+    post = held_window_means(
+        forecast,
+        now,
+        np.concatenate([s, s + tl.overlap_s, solo_s]),
+        np.concatenate([np.full(s.size, tl.overlap_s), np.full(s.size, tl.tail_s), solo_d]),
+        history=intensity_history,
+    )
+    return post[: s.size], post[s.size : 2 * s.size], post[-2:]
+
+
+_COST_UNITS = {"time": "s", "edp": "J·s", "eds": "(EDS cost, 1 = the default run)", "zeus": "J (Zeus cost)"}
+RELATIVE_SAVING_UNIT = "% (each job's saving on its own objective, summed; neither job worse)"
+
+
+def _score_on_own_objectives(
+    run: _PairRun,
+    plans: tuple[Plan, Plan],
+    forecast: Forecast | None,
+    now: datetime,
+    intensity_history: Sequence[ForecastPoint] | None,
+    texts: tuple[str, str],
+) -> _PairScore:
+    """A pair in which a job's objective is ``time``, ``edp``, ``eds:k`` or ``zeus:η``: each job's part of the pair
+    and its solo plan are scored by the job's own selector (:func:`~carbonflow.planning.objectives.objective_for`,
+    the function its solo plan was chosen by, with the same reference run), at every joint start.
+
+    * Same objective text for both jobs: the figures share a unit, so the pair's figure is the sum of the two
+      jobs' (as ``carbon`` and ``energy`` pairs are summed), compared with the two solo plans' sum.
+    * Different objectives: joules, seconds and EDS costs have no common unit, and any exchange rate between them
+      would be one nobody set. So each job is compared with its own solo plan on its own objective, and a start is
+      acceptable only when neither job is worse there (a Pareto improvement: a job never pays for its partner's
+      objective). Acceptable starts are ranked by the two jobs' relative savings summed (dimensionless);
+      the saving is that sum in percent, and negative (the worse job's loss) when no start is acceptable.
+
+    Why two rules: one objective is one owner's measure, and its figures add up (the GPU's joules, the jobs'
+    seconds), so the pair is judged on what that measure saves in total, as carbon and energy pairs always were;
+    a job may then lose a little for a larger gain of its partner, within its ``max_slowdown`` and deadline. Two
+    objectives are two measures: summing them would let the job with the larger numbers decide for both, so each
+    keeps a veto. A pair of one ``carbon`` and one ``energy`` job stays on its former rule (summed energy,
+    :func:`_score_on_carbon_or_energy`): their behaviour is kept exactly.
+
+    Starts of equal cost go to less (robust) carbon, then the earliest, as a solo plan's ties do.
+    """
+    s = run.starts_s
+    ci_overlap, ci_tail, rank_overlap, rank_tail, solo_g = _intensities(run, plans, forecast, now, intensity_history)
+    pair_cost, solo_cost, pair_g = [], [], np.zeros(s.size)
+    for i, (text, plan) in enumerate(zip(texts, plans, strict=True)):
+        selector = objective_for(text)
+        grams = (run.first_j[i] * rank_overlap + run.tail_j[i] * rank_tail) / J_PER_KWH
+        pair_g = pair_g + grams
+        energy, total = np.full(s.size, run.energy_j[i]), np.full(s.size, run.total_s[i])
+        pair_cost.append(selector.cost(energy, total, grams, run.metrics[i]))
+        solo_args = ([plan.predicted_energy_j], [plan.predicted_duration_s], [solo_g[i]], run.metrics[i])
+        solo_cost.append(float(selector.cost(*solo_args)[0]))
+    pair_g = _quantised(pair_g)
+    if texts[0] == texts[1]:
+        total_cost = pair_cost[0] + pair_cost[1]
+        best = int(np.lexsort((s, pair_g, _quantised(total_cost)))[0])
+        saving = solo_cost[0] + solo_cost[1] - float(total_cost[best])
+        unit = f"{_COST_UNITS.get(parse_objective(texts[0])[0], '')} ({texts[0]})"
+        return _PairScore(best, saving, unit, ci_overlap, ci_tail)
+    worse = [(pair_cost[i] - solo_cost[i]) / (abs(solo_cost[i]) or 1.0) for i in (0, 1)]
+    acceptable = np.maximum(worse[0], worse[1]) <= 1e-9
+    score = worse[0] + worse[1]
+    best = int(np.lexsort((s, pair_g, _quantised(score), ~acceptable))[0])
+    saving = -100.0 * float(score[best] if acceptable[best] else max(worse[0][best], worse[1][best]))
+    return _PairScore(best, saving, RELATIVE_SAVING_UNIT, ci_overlap, ci_tail)
+
+
+def _quantised(values: np.ndarray) -> np.ndarray:
+    """Values to 9 significant digits of their largest, so float noise never decides between starts (as in
+    :func:`~carbonflow.planning.optimizer.plan_job`'s ranking)."""
+    return np.round(values / max(float(np.max(np.abs(values))), 1e-300), 9)
+
+
+def _intensities(
+    run: _PairRun,
+    plans: tuple[Plan, Plan],
+    forecast: Forecast | None,
+    now: datetime,
+    intensity_history: Sequence[ForecastPoint] | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[float, float]]:
+    """The forecast's own intensity of the pair's two windows at every start (for the emissions reported), the
+    intensities the starts are ranked on (the robust posterior with ``intensity_history``, as the solo plans
+    were ranked), and the two solo plans' emissions on the same footing (g). No forecast: zero carbon."""
+    s, tl = run.starts_s, run.timeline
+    if forecast is None:
+        zero = np.zeros(s.size)
+        return zero, zero, zero, zero, (0.0, 0.0)
+    ci_overlap = held_window_means(forecast, now, s, tl.overlap_s)
+    ci_tail = held_window_means(forecast, now, s + tl.overlap_s, tl.tail_s)
+    if intensity_history:
+        rank_overlap, rank_tail, solo_ci = _posterior(run, plans, forecast, now, intensity_history)
+        solo_g = [float(p.predicted_energy_j * ci / J_PER_KWH) for p, ci in zip(plans, solo_ci, strict=True)]
+        return ci_overlap, ci_tail, rank_overlap, rank_tail, (solo_g[0], solo_g[1])
+    return ci_overlap, ci_tail, ci_overlap, ci_tail, (plans[0].predicted_emissions_g, plans[1].predicted_emissions_g)
 
 
 def _per_sample_power_w(ref: Candidate) -> float:
@@ -425,9 +594,13 @@ def plan_night(
     are considered only between jobs of the same region with a pair profile (or history) for them, both
     single-container, both slowdowns within their bounds and both deadlines met, neither trying an untried batch
     size tonight (an exploratory run is never traded for a pair at the reference); the pairs chosen are those
-    of :func:`choose_colocation_pairs` on the saving in carbon (energy when a job's objective is not carbon
-    or no forecast exists). A co-located job runs at its reference configuration (pair profiles are measured
-    there). ``early_stop`` is handed to :func:`plan_job`. Output order = input order.
+    of :func:`choose_colocation_pairs` on the pair's saving against the two solo plans, both scored by the jobs'
+    own objectives (the selectors of :func:`~carbonflow.planning.objectives.objective_for`): a pair of ``carbon``
+    and ``energy`` jobs on summed carbon when both are ``carbon`` and a forecast exists, else on summed energy (as
+    before); two jobs of one other objective on the sum of their figures; two different objectives each on its
+    own, neither job worse (:func:`_score_on_own_objectives` says why). A co-located job runs at its reference
+    configuration (pair profiles are measured there). ``early_stop`` is handed to :func:`plan_job`. Output order =
+    input order.
     """
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
@@ -453,7 +626,7 @@ def plan_night(
         return [solo[n] for n in names]
 
     options: dict[tuple[str, str], _PairOption] = {}
-    refs: dict[str, Candidate] = {}
+    refs: dict[str, tuple[Candidate, Reference]] = {}
     slowdowns: dict[tuple[str, str], tuple[float, float] | None] = {}
     savings: dict[tuple[str, str], float] = {}
     known = {(p.job_a, p.job_b) for p in pair_profiles or ()} | {(p.job_b, p.job_a) for p in pair_profiles or ()}
