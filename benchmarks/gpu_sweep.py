@@ -621,7 +621,7 @@ def _shares(values: dict[str, float]) -> dict[str, float]:
 
 def pair_result(pair: dict[str, Any], solo: dict[str, dict[str, Any]], util_source: str) -> dict[str, Any]:
     """Slowdowns, the counter's energy, carbonflow's split and the utilisation split against solo energy."""
-    from carbonflow.energy.accounting import SoloProfile, split_shared_gpu_energy_j
+    from carbonflow.accounting.energy import SoloProfile, split_shared_gpu_energy_j
 
     names = list(pair["per"])
     kept = {n: pair["per"][n]["samples_per_s"] / solo[n]["per"][n]["samples_per_s"] for n in names}

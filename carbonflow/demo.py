@@ -262,8 +262,8 @@ def _g(value: float | None) -> str:
 
 
 def saving_cell(saving_g: float | None, fraction: float | None, objective: str | None) -> str:
-    """The table's saving: carbonflow's one saving figure (:mod:`carbonflow.planning.saving`) and the objective."""
-    from carbonflow.planning.saving import format_saving
+    """The table's saving: carbonflow's one saving figure (:mod:`carbonflow.accounting.saving`) and the objective."""
+    from carbonflow.accounting.saving import format_saving
 
     if saving_g is None:
         return "–"

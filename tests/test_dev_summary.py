@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 from rich.console import Console
 
+from carbonflow.accounting.saving import format_saving
 from carbonflow.dev import SAVING_CAPTION, predicted_saving_named, print_runs
-from carbonflow.planning.saving import format_saving
 from carbonflow.tracking import schema as s
 from carbonflow.tracking.logger import saving_line
 

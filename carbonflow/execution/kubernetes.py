@@ -2,7 +2,7 @@
 
 ``KubernetesBackend(settings).execute(spec, plan)`` (the same contract as the local backend: the wrapper's
 measurements, a :class:`~carbonflow.execution.wrapper.WrappedRun`) and ``.run(spec, plan, points)`` (a
-:class:`RunResult`, accounted with :func:`carbonflow.execution.results.to_run_result`):
+:class:`RunResult`, accounted with :func:`carbonflow.accounting.run.to_run_result`):
 
 1. builds the objects with :class:`~carbonflow.execution.k8s_manifests.ManifestBuilder` (the kubernetes client's
    models, as the cncf-kubernetes provider's pod / job operators built them) and validates them offline against
@@ -264,7 +264,7 @@ class KubernetesBackend:
         fallback_gco2_per_kwh: float | None = None,
     ) -> RunResult:
         """Launch, wait, read, delete, then account energy and emissions against ``intensity_points``."""
-        from carbonflow.execution.results import to_run_result
+        from carbonflow.accounting.run import to_run_result
 
         wrapped = self.execute(spec, plan)
         return to_run_result(wrapped, plan, intensity_points, fallback_gco2_per_kwh=fallback_gco2_per_kwh)

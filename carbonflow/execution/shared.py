@@ -4,7 +4,7 @@ One wrapper owns the shared GPU: it sets the pair's power limit once, starts bot
 their own progress, stop and output files, and measures the device in *phases* — every time the set
 of working jobs changes (a job reports its first step, or ends) a new energy window begins. A phase
 with one job working is charged to it; a phase with both is split by the shared-GPU rule of
-:mod:`carbonflow.energy.accounting` (``P_i × s_i``: solo power × the speed it kept, observed). So the
+:mod:`carbonflow.accounting.energy` (``P_i × s_i``: solo power × the speed it kept, observed). So the
 GPU's energy is counted exactly once.
 
 Early observation (EaCO): after ``warmup_steps`` + ``observe_steps`` steps of both jobs together, a
@@ -38,6 +38,17 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from carbonflow.accounting.energy import (
+    M_KEPT_SPEED_FRACTION,
+    M_SHARED_GPU_S,
+    M_SHARING_ENERGY_J,
+    M_SHARING_LOST_S,
+    SoloProfile,
+    charge_phases,
+    device_energies,
+    shared_gpu_shares,
+    sharing_metrics,
+)
 from carbonflow.energy.lease import GpuLeaseSet
 from carbonflow.energy.monitor import EnergyMonitor, Measurement, PowerSampler
 from carbonflow.energy.power_limit import applied_power_limit
@@ -55,13 +66,6 @@ from carbonflow.execution.wrapper import (
     training_env,
 )
 from carbonflow.models import JobSpec, Plan, utcnow
-from carbonflow.tracking.schema import (
-    M_HOST_PACE_FRACTION,
-    M_KEPT_SPEED_FRACTION,
-    M_SHARED_GPU_S,
-    M_SHARING_ENERGY_J,
-    M_SHARING_LOST_S,
-)
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +75,8 @@ SEPARATED_EXIT_CODE = 75
 KEPT_FROM_DEVICE = "simulated GPU's interference model (Gavel's V100 pair speeds)"
 """``SharedRun.kept_speeds_source`` on a simulated GPU."""
 
-# What the pair wrapper adds to each member's metrics, under the names tracking's schema documents (kept speed,
-# host pace, seconds shared, time and energy sharing cost). The planner learns a co-located run's solo-equivalent
-# cost from them: its measured duration minus ``sharing_lost_s``, its energy minus ``sharing_energy_j``.
+# Each member's metrics get its sharing figures (carbonflow.accounting.energy.sharing_metrics: kept speed, host
+# pace, seconds shared, time and energy sharing cost), under the names tracking's schema documents.
 
 
 class SharedMember(BaseModel):
@@ -421,34 +424,6 @@ def contention_note(pace: list[float | None], observed: list[float | None], kept
     )
 
 
-def _sharing_metrics(
-    kept: float | None,
-    pace: float | None,
-    solo_power_w: float | None,
-    shared_s: float,
-    charged_j: float,
-    device_s: float | None = None,
-) -> dict[str, float]:
-    """A member's sharing figures (see ``M_*`` above); none when its kept speed is unknown.
-
-    They are taken over ``device_s``, the GPU's time for the work the job did while both worked (its samples then at
-    its solo speed × the kept speed): not the ``shared_s`` both processes were up, which also holds what the GPU's
-    sharing did not cause — the host's CPUs (on a simulated GPU), warm-up, evaluation — and which stays in the
-    run's other figures, as it does on every run. Without ``device_s``: ``shared_s`` × the host's pace (at most 1).
-    """
-    if kept is None:
-        return {}
-    if device_s is None:
-        device_s = shared_s * min(pace, 1.0) if pace is not None else shared_s
-    device_s = min(device_s, shared_s)
-    out = {M_KEPT_SPEED_FRACTION: kept, M_SHARED_GPU_S: shared_s, M_SHARING_LOST_S: (1.0 - kept) * device_s}
-    if pace is not None:
-        out[M_HOST_PACE_FRACTION] = pace
-    if solo_power_w is not None and shared_s > 0:
-        out[M_SHARING_ENERGY_J] = (charged_j / shared_s - solo_power_w * kept) * device_s
-    return out
-
-
 def _account(
     request: SharedRequest,
     members: list[_Member],
@@ -460,8 +435,6 @@ def _account(
     notes: list[str],
 ) -> SharedRun:
     """Charge each phase's energy to the jobs working in it (split by P_i × s_i while both work)."""
-    from carbonflow.energy.accounting import SoloProfile, device_energies, shared_gpu_shares
-
     kept = [m.kept_speed() for m in members]
     observed = [m.observed_kept_speed() for m in members]
     pace = [m.host_pace() for m in members]
@@ -477,34 +450,10 @@ def _account(
     else:
         shares = [0.5, 0.5]
         notes.append("shared GPU split equally: a solo profile or an observed speed was missing")
-    charged = [{dev_id: 0.0 for dev_id in total.energy_j} for _ in members]
-    charged_together = [0.0 for _ in members]
-    overlap_s = overlap_j = 0.0
-    for active, measured in phases:
-        if not active:  # start-up and shut-down: nobody's work, charged to both equally
-            active = (0, 1)
-            for dev_id, joules in measured.energy_j.items():
-                for i in active:
-                    charged[i][dev_id] += joules / 2
-            continue
-        for dev_id, joules in measured.energy_j.items():
-            if len(active) == 1:
-                charged[active[0]][dev_id] += joules
-            else:
-                for i in active:
-                    charged[i][dev_id] += joules * shares[i]
-                    charged_together[i] += joules * shares[i]
-        if len(active) == 2:
-            overlap_s += measured.elapsed_s
-            overlap_j += sum(measured.energy_j.values())
+    charge = charge_phases(phases, shares, list(total.energy_j))
     runs = []
     for m in members:
-        # Phase windows leave microseconds between them: normalise, so the device total is split exactly.
-        fractions = {
-            dev_id: charged[m.index][dev_id] / both if (both := sum(c[dev_id] for c in charged)) > 0 else 0.5
-            for dev_id in total.energy_j
-        }
-        per_device = device_energies(total, devices, shares=fractions)
+        per_device = device_energies(total, devices, shares=charge.fractions(m.index))
         for entry in per_device:
             if entry.kind == "gpu":
                 entry.power_limit_w = request.power_limit_w if applied else None
@@ -513,8 +462,8 @@ def _account(
         member_notes = [*notes, *gpu.notes] if m.index == 0 else list(notes)
         if m.separated:
             member_notes.append("separated from its pair after early observation; run it alone")
-        sharing = _sharing_metrics(kept[m.index], pace[m.index], solo_power[m.index], overlap_s,
-                                   charged_together[m.index], m.device_shared_s(kept[m.index]))  # fmt: skip
+        sharing = sharing_metrics(kept[m.index], pace[m.index], solo_power[m.index], charge.overlap_s,
+                                  charge.charged_together_j[m.index], m.device_shared_s(kept[m.index]))  # fmt: skip
         run = WrappedRun(
                 job=m.spec.job.name, config_key=m.spec.plan.config.key(), started_at=m.started_at,
                 ended_at=m.ended_at, duration_s=m.duration_s, exit_code=exit_code, devices=per_device,
@@ -526,7 +475,7 @@ def _account(
         )  # fmt: skip
         runs.append(run)
     return SharedRun(
-        members=runs, overlap_s=overlap_s, overlap_energy_j=overlap_j, kept_speeds=kept, shares=shares,
+        members=runs, overlap_s=charge.overlap_s, overlap_energy_j=charge.overlap_j, kept_speeds=kept, shares=shares,
         kept_speeds_source=KEPT_FROM_DEVICE if simulated else "observed", observed_kept_speeds=observed,
         host_pace=pace if simulated else [], separated=[m.spec.job.name for m in members if m.separated],
         label=gpu.label, notes=notes,
@@ -538,7 +487,7 @@ def _on_simulated_clock(run: SharedRun, members: list[_Member], gpu: Any, limit_
 
     Each job's samples take its trace's time per sample at the pair's limit; while both work each keeps the
     device's kept speed (Gavel's), and the device draws the shared power; the job left then runs alone at its
-    solo power (:func:`carbonflow.planning.colocation.pair_timeline`'s shape, what the planner predicts with).
+    solo power (the shape of the planner's pair timeline, what it predicts with).
     Durations, the overlap and the GPU's energy per job are set from that; the CPU's figures stay the host's.
     """
     from carbonflow.energy.simulated import shared_gpu_power_w

@@ -498,7 +498,7 @@ def _run_on(
     progress.poll()
     if exit_code < 0:
         notes.append(f"training process ended by signal {signal.Signals(-exit_code).name}")
-    from carbonflow.energy.accounting import device_energies
+    from carbonflow.accounting.energy import device_energies
 
     per_device = device_energies(total, devices)
     for entry in per_device:

@@ -70,6 +70,7 @@ from typing import Literal
 
 import numpy as np
 
+from carbonflow.accounting.saving import saving_fraction, saving_phrase
 from carbonflow.carbon.windows import StartSearch, search_starts
 from carbonflow.models import (
     PROFILE_NOISE,
@@ -97,7 +98,6 @@ from carbonflow.planning.costs import (
 )
 from carbonflow.planning.learning import JobHistory, RealisedRun, RunCostModel
 from carbonflow.planning.objectives import SlowdownConstraint, objective_for
-from carbonflow.planning.saving import saving_fraction, saving_phrase
 from carbonflow.units import J_PER_KWH, emissions_g_from, nearest_minute
 
 _EPS = 1e-9

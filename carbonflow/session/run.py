@@ -390,7 +390,7 @@ class RunSession:
         self, spec: JobSpec, plan: Plan, wrapped: Any, state: WaitState, clock: SessionClock
     ) -> tuple[RunResult, list]:
         """Energy over time → emissions with the real intensity, and the predicted run-now-at-default counterfactual."""
-        from carbonflow.execution.results import to_run_result
+        from carbonflow.accounting.run import to_run_result
 
         started, ended = clock.to_clock(wrapped.started_at), clock.to_clock(wrapped.ended_at)
         points, intensity_source = self.source.intensity_for_accounting(spec.region, started, ended, state.forecast)

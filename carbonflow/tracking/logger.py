@@ -348,7 +348,7 @@ def log_training_run(
 def saving_line(job: str, saving_fraction: float) -> str:
     """The task log's line for the run's one saving figure: the same as MLflow's ``saving_fraction``, the
     ``dags test`` summary's and the Carbon page's."""
-    from carbonflow.planning.saving import measured_saving_phrase  # lazy: the planner is heavy
+    from carbonflow.accounting.saving import measured_saving_phrase
 
     return (
         f"{job}: {measured_saving_phrase(saving_fraction)} (this run's emissions against the predicted emissions "

@@ -12,6 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from carbonflow.accounting.energy import (
+    M_HOST_PACE_FRACTION,
+    M_KEPT_SPEED_FRACTION,
+    M_SHARED_GPU_S,
+    M_SHARING_ENERGY_J,
+    M_SHARING_LOST_S,
+)
 from carbonflow.models import OBJECTIVES_HELP
 
 EXPERIMENT_PREFIX = "carbonflow/"
@@ -47,12 +54,8 @@ M_PREDICTED_ENERGY_TOTAL_J = "predicted_energy_total_j"
 M_PREDICTED_EMISSIONS_G = "predicted_emissions_g"
 M_PREDICTED_EMISSIONS_RUN_NOW_DEFAULT_G = "predicted_emissions_run_now_default_g"
 M_EXIT_CODE = "exit_code"
-# a co-located pair's members (written by the pair's wrapper, carbonflow.execution.shared)
-M_KEPT_SPEED_FRACTION = "kept_speed_fraction"
-M_HOST_PACE_FRACTION = "host_pace_fraction"
-M_SHARED_GPU_S = "shared_gpu_s"
-M_SHARING_LOST_S = "sharing_lost_s"
-M_SHARING_ENERGY_J = "sharing_energy_j"
+# a co-located pair's members: M_KEPT_SPEED_FRACTION, M_HOST_PACE_FRACTION, M_SHARED_GPU_S, M_SHARING_LOST_S,
+# M_SHARING_ENERGY_J (imported above from carbonflow.accounting.energy, which computes them; documented below)
 # profile points
 M_ENERGY_PER_SAMPLE_J = "energy_per_sample_j"
 M_POWER_TOTAL_W = "power_total_w"

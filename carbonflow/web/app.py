@@ -69,7 +69,7 @@ def _badges(row: RunRow) -> str:
 
 
 def _runs_table(runs: list[RunRow]) -> str:
-    from carbonflow.planning.saving import format_saving  # the one saving figure (lazy: the planner is heavy)
+    from carbonflow.accounting.saving import format_saving  # the one saving figure
 
     head = (
         "<tr><th>job</th><th>started (UTC)</th><th>config</th><th>duration s</th><th>energy</th>"

@@ -8,12 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from carbonflow.energy.accounting import (
-    SoloProfile,
+from carbonflow.accounting.emissions import (
     codecarbon_annual_average_gco2_per_kwh,
-    device_energies,
     emissions_breakdown,
     emissions_g,
+)
+from carbonflow.accounting.energy import (
+    SoloProfile,
+    device_energies,
     shared_gpu_shares,
     split_shared_gpu_energy_j,
     total_energy_j,
@@ -137,7 +139,7 @@ def test_codecarbon_annual_average_fallback():
 
 
 def test_trace_intervals_follow_power_over_time(tmp_path):
-    from carbonflow.energy.accounting import energy_intervals_from_trace
+    from carbonflow.accounting.emissions import energy_intervals_from_trace
 
     path = tmp_path / "trace.csv"
     rows = ["timestamp_utc,device_id,label,power_w,energy_j"]
@@ -154,7 +156,7 @@ def test_trace_intervals_follow_power_over_time(tmp_path):
 
 
 def test_merge_measurements_counts_shared_devices_once():
-    from carbonflow.energy.accounting import merge_measurements
+    from carbonflow.accounting.energy import merge_measurements
     from carbonflow.energy.monitor import Measurement
 
     def m(start_min, end_min, energies):

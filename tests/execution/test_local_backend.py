@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from carbonflow.accounting.run import to_run_result
 from carbonflow.execution.local import LocalBackend
-from carbonflow.execution.results import to_run_result
 from carbonflow.models import Config, ForecastPoint, JobSpec, Plan
 
 # A training job in "any language": it appends JSON lines to $CARBONFLOW_PROGRESS_FILE, honours

@@ -284,7 +284,7 @@ def test_a_real_gpu_pair_keeps_its_observed_speeds(tmp_path: Path) -> None:
 
 def test_a_pair_members_energy_is_its_share_counted_once() -> None:
     """A shared device's ``energy_j`` is already the member's part: the run's totals must not apply the share again."""
-    from carbonflow.execution.results import to_run_result
+    from carbonflow.accounting.run import to_run_result
     from carbonflow.execution.wrapper import WrappedRun
     from carbonflow.models import DeviceEnergy
 
@@ -303,17 +303,17 @@ def test_a_pair_members_energy_is_its_share_counted_once() -> None:
 
 
 def test_sharing_figures_count_the_gpus_time_not_the_hosts() -> None:
-    from carbonflow.execution.shared import _sharing_metrics
+    from carbonflow.accounting.energy import sharing_metrics
 
     # 10 s both working, 1000 J charged (100 W), alone 120 W, kept 0.75. A simulated GPU whose trainings kept half
     # the pace it prescribes needed 5 s for that work: 1.25 s lost to sharing, (100 − 90) W × 5 s added.
-    sim = _sharing_metrics(0.75, 0.5, 120.0, 10.0, 1000.0)
+    sim = sharing_metrics(0.75, 0.5, 120.0, 10.0, 1000.0)
     assert sim[M_SHARING_LOST_S] == pytest.approx(1.25) and sim[M_SHARING_ENERGY_J] == pytest.approx(50.0)
     assert sim[M_SHARED_GPU_S] == 10.0 and sim[M_HOST_PACE] == 0.5
-    real = _sharing_metrics(0.75, None, 120.0, 10.0, 1000.0)  # a real GPU: the observed time is the GPU's
+    real = sharing_metrics(0.75, None, 120.0, 10.0, 1000.0)  # a real GPU: the observed time is the GPU's
     assert real[M_SHARING_LOST_S] == pytest.approx(2.5) and real[M_SHARING_ENERGY_J] == pytest.approx(100.0)
     assert M_HOST_PACE not in real
-    assert _sharing_metrics(None, None, 120.0, 10.0, 1000.0) == {}  # never worked together: nothing to say
+    assert sharing_metrics(None, None, 120.0, 10.0, 1000.0) == {}  # never worked together: nothing to say
     # with the work done together known (4 s of the GPU's time for it), that time is the one counted
-    known = _sharing_metrics(0.75, 0.5, 120.0, 10.0, 1000.0, device_s=4.0)
+    known = sharing_metrics(0.75, 0.5, 120.0, 10.0, 1000.0, device_s=4.0)
     assert known[M_SHARING_LOST_S] == pytest.approx(1.0) and known[M_SHARING_ENERGY_J] == pytest.approx(40.0)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from carbonflow.accounting.run import to_run_result
 from carbonflow.execution.local import LocalBackend
-from carbonflow.execution.results import to_run_result
 from carbonflow.models import Config, JobSpec, Plan
 from carbonflow.profiling.profiler import profile_job
 from carbonflow.tracking import schema

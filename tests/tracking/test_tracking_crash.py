@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from carbonflow.accounting.run import to_run_result
 from carbonflow.execution.local import LocalBackend
-from carbonflow.execution.results import to_run_result
 from carbonflow.models import Config, JobSpec, Plan, PlanAlternative
 from carbonflow.session.crash import crash_report, exit_status_text, last_output_lines
 from carbonflow.session.run import JobOutcome
@@ -107,7 +107,7 @@ def test_the_task_log_gets_the_runs_one_saving_figure_and_a_crashed_run_none(hom
 
     import tracking_factories as f
 
-    from carbonflow.planning.saving import format_saving
+    from carbonflow.accounting.saving import format_saving
 
     with caplog.at_level(logging.INFO, logger="carbonflow.tracking.logger"):
         outcome = log_training_run(f.job_spec(), f.plan(), f.result())

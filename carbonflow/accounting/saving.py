@@ -6,6 +6,12 @@
 saving`` line, the demo table and the Carbon page show it realised (the counterfactual is predicted: the
 profile's energy ratio at the run-now intensity). All of them format it with :func:`format_saving` (one
 decimal, in %). A saving within floating-point noise of zero (:data:`NOISE_REL` of the baseline) is exactly 0.
+
+Why it lives in accounting: the realised saving is computed when a run is accounted
+(:func:`carbonflow.accounting.run.to_run_result`, which the execution backends call), and the planner predicts
+the same figure. With the one definition here, in the layer both sit on, the planner imports it from accounting
+and neither execution nor accounting imports the planner (``carbonflow.planning`` was imported lazily from the
+run accounting before, to reach this same file).
 """
 
 from __future__ import annotations

@@ -1,22 +1,46 @@
-"""Turn what a wrapped run measured into a :class:`RunResult`: totals, emissions, savings."""
+"""Turn what a wrapped run measured into a :class:`RunResult`: totals, emissions, savings.
+
+It reads the run through :class:`MeasuredRun` (what ``carbonflow.execution.wrapper.WrappedRun`` carries), so
+accounting does not import the execution layer that calls it.
+"""
 
 from __future__ import annotations
 
 import csv
 import logging
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
+from typing import Protocol
 
-from carbonflow.energy.accounting import emissions_g
-from carbonflow.execution.wrapper import WrappedRun
-from carbonflow.models import ForecastPoint, Plan, RunResult
+from carbonflow.accounting.emissions import emissions_g
+from carbonflow.accounting.saving import saving_fraction as one_saving_fraction
+from carbonflow.accounting.saving import saving_g as one_saving_g
+from carbonflow.models import DeviceEnergy, ForecastPoint, Plan, RunResult
 from carbonflow.units import J_PER_KWH
 
 log = logging.getLogger(__name__)
 
 
-def energy_intervals(run: WrappedRun, time_shift_s: float = 0.0) -> list[tuple[datetime, datetime, float]]:
+class MeasuredRun(Protocol):
+    """What accounting reads of a wrapped run (``carbonflow.execution.wrapper.WrappedRun`` has it all)."""
+
+    job: str
+    started_at: datetime
+    ended_at: datetime
+    duration_s: float
+    exit_code: int
+    devices: Sequence[DeviceEnergy]
+    samples: int
+    metrics: dict[str, float]
+    power_limit_applied: bool
+    notes: list[str]
+    power_trace_csv: str | None
+    output_dir: str | None
+
+
+def energy_intervals(run: MeasuredRun, time_shift_s: float = 0.0) -> list[tuple[datetime, datetime, float]]:
     """(start, end, energy_j) intervals of the run, from its power trace when there is one.
 
     Without a trace the total is spread evenly over the run. ``time_shift_s`` moves the run onto
@@ -57,7 +81,7 @@ def _trace_intervals(path: Path) -> list[tuple[datetime, datetime, float]]:
 
 
 def to_run_result(
-    run: WrappedRun,
+    run: MeasuredRun,
     plan: Plan,
     intensity_points: list[ForecastPoint] | None,
     *,
@@ -83,9 +107,6 @@ def to_run_result(
     run_now_g = saving_g = saving_fraction = None
     if baseline_energy_ratio is not None and baseline_intensity_gco2_per_kwh is not None:
         run_now_g = energy_total_j * baseline_energy_ratio / J_PER_KWH * baseline_intensity_gco2_per_kwh
-        from carbonflow.planning.saving import saving_fraction as one_saving_fraction  # lazy: the planner is heavy
-        from carbonflow.planning.saving import saving_g as one_saving_g
-
         saving_g = one_saving_g(emissions, run_now_g)  # exactly 0 within float noise of the baseline
         saving_fraction = one_saving_fraction(emissions, run_now_g)  # carbonflow's one saving definition
         notes.append("emissions_run_now_default_g is predicted (profile energy ratio × run-now intensity)")
@@ -97,7 +118,7 @@ def to_run_result(
         started_at=run.started_at + timedelta(seconds=time_shift_s),
         ended_at=run.ended_at + timedelta(seconds=time_shift_s),
         duration_s=run.duration_s,
-        devices=run.devices,
+        devices=list(run.devices),
         energy_gpu_j=energy_gpu_j,
         energy_cpu_j=energy_cpu_j,
         energy_total_j=energy_total_j,

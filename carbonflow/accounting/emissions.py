@@ -1,0 +1,160 @@
+"""Emissions of a run's energy: each interval priced at the carbon intensity of the time it was used.
+
+``emissions_g`` sums, over energy intervals, energy × the carbon intensity of the time it was
+used (each interval's energy spread evenly over its duration and split across the intensity slots
+it overlaps). codecarbon's annual country average is used only as the last fallback, for time no
+intensity point covers, and the result says so.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from carbonflow.models import ForecastPoint
+from carbonflow.units import J_PER_KWH
+
+if TYPE_CHECKING:
+    from carbonflow.energy.monitor import Measurement
+
+
+@dataclass
+class EmissionsBreakdown:
+    """Emissions with how they were computed."""
+
+    emissions_g: float
+    energy_j: float
+    covered_energy_j: float
+    fallback_energy_j: float
+    fallback_gco2_per_kwh: float | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def mean_intensity_gco2_per_kwh(self) -> float:
+        return self.emissions_g / (self.energy_j / J_PER_KWH) if self.energy_j > 0 else 0.0
+
+
+def emissions_breakdown(
+    energy_intervals: Sequence[tuple[datetime, datetime, float]],
+    intensity_points: Sequence[ForecastPoint],
+    fallback_gco2_per_kwh: float | None = None,
+) -> EmissionsBreakdown:
+    """Σ over intervals and intensity slots of energy-in-slot × slot intensity (see ``emissions_g``)."""
+    points = sorted(intensity_points, key=lambda p: p.start)
+    total_g = covered_j = fallback_j = energy_total = 0.0
+    for i, (start, end, energy_j) in enumerate(energy_intervals):
+        for name, value in (("start", start), ("end", end)):
+            if value.tzinfo is None:
+                raise ValueError(f"energy_intervals[{i}] {name}={value.isoformat()} has no time zone; use UTC")
+        if energy_j < 0:
+            raise ValueError(f"energy_intervals[{i}] energy_j={energy_j} is not allowed; it must be >= 0")
+        if end < start:
+            raise ValueError(f"energy_intervals[{i}] ends ({end.isoformat()}) before it starts ({start.isoformat()})")
+        energy_total += energy_j
+        duration_s = (end - start).total_seconds()
+        if duration_s == 0:
+            # An instant: the slot containing it.
+            hit = next((p for p in points if p.start <= start < p.end), None)
+            if hit is not None:
+                total_g += energy_j / J_PER_KWH * hit.gco2_per_kwh
+                covered_j += energy_j
+            else:
+                fallback_j += energy_j
+            continue
+        covered_s = 0.0
+        for p in points:
+            overlap_s = (min(end, p.end) - max(start, p.start)).total_seconds()
+            if overlap_s <= 0:
+                continue
+            part_j = energy_j * overlap_s / duration_s
+            total_g += part_j / J_PER_KWH * p.gco2_per_kwh
+            covered_j += part_j
+            covered_s += overlap_s
+        if covered_s < duration_s - 1e-6:
+            fallback_j += energy_j * (duration_s - covered_s) / duration_s
+    notes: list[str] = []
+    if fallback_j > 1e-9:
+        if fallback_gco2_per_kwh is None:
+            raise ValueError(
+                f"{fallback_j:.1f} J of {energy_total:.1f} J fall outside the carbon-intensity points "
+                f"and fallback_gco2_per_kwh=None; give intensity points covering the run or a fallback"
+            )
+        total_g += fallback_j / J_PER_KWH * fallback_gco2_per_kwh
+        notes.append(
+            f"{fallback_j / max(energy_total, 1e-12):.0%} of the energy had no intensity point: "
+            f"used the fallback {fallback_gco2_per_kwh:g} gCO2/kWh (annual average)"
+        )
+    return EmissionsBreakdown(total_g, energy_total, covered_j, fallback_j, fallback_gco2_per_kwh, notes)
+
+
+def emissions_g(
+    energy_intervals: Sequence[tuple[datetime, datetime, float]],
+    intensity_points: Sequence[ForecastPoint],
+    fallback_gco2_per_kwh: float | None = None,
+) -> float:
+    """Emissions (g CO2e) = Σ energy(t) × intensity(t) over ``(start_utc, end_utc, energy_j)`` intervals.
+
+    ``fallback_gco2_per_kwh`` (e.g. :func:`codecarbon_annual_average_gco2_per_kwh`) prices only the
+    energy no intensity point covers; without it, uncovered energy is an error naming how much.
+    """
+    return emissions_breakdown(energy_intervals, intensity_points, fallback_gco2_per_kwh).emissions_g
+
+
+def codecarbon_annual_average_gco2_per_kwh(country: str) -> float:
+    """codecarbon's annual average grid intensity of a country (ISO 3166 alpha-2 or alpha-3, e.g. GB, DEU).
+
+    A last-resort fallback: it ignores the hour, the season and the grid region.
+    """
+    from codecarbon.input import DataSource
+
+    code = country.strip().upper().split("-")[0].split(":")[-1]
+    mix = DataSource().get_global_energy_mix_data()
+    if len(code) == 2:
+        try:
+            import pycountry
+
+            found = pycountry.countries.get(alpha_2=code)
+            code = found.alpha_3 if found else code
+        except ImportError:  # pragma: no cover - pycountry comes with codecarbon's dependencies
+            pass
+    if code not in mix:
+        raise ValueError(
+            f"country={country!r} has no codecarbon annual average; use an ISO 3166 country code such as GB or DEU"
+        )
+    return float(mix[code]["carbon_intensity"])
+
+
+def energy_intervals_from_measurement(measurement: Measurement) -> list[tuple[datetime, datetime, float]]:
+    """One interval covering the window with all its energy (spread evenly over it by ``emissions_g``)."""
+    return [(measurement.start_utc, measurement.end_utc, measurement.total_j)]
+
+
+def energy_intervals_from_trace(
+    csv_path: str | Path, device_ids: Sequence[str] | None = None
+) -> list[tuple[datetime, datetime, float]]:
+    """Intervals (start_utc, end_utc, energy_j) between successive samples of a ``PowerSampler`` trace.
+
+    Energy is the counter difference of each device between two of its samples (never negative),
+    summed over devices (optionally only ``device_ids``), so emissions follow the power over time.
+    """
+    last: dict[str, tuple[datetime, float]] = {}
+    buckets: dict[tuple[datetime, datetime], float] = {}
+    wanted = set(device_ids) if device_ids is not None else None
+    with Path(csv_path).open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            dev = row["device_id"]
+            if wanted is not None and dev not in wanted:
+                continue
+            t = datetime.fromisoformat(row["timestamp_utc"])
+            energy = float(row["energy_j"])
+            if dev in last:
+                t0, e0 = last[dev]
+                if t > t0:
+                    key = (t0, t)
+                    buckets[key] = buckets.get(key, 0.0) + max(0.0, energy - e0)
+            last[dev] = (t, energy)
+    return [(a, b, e) for (a, b), e in sorted(buckets.items())]
