@@ -618,6 +618,11 @@ class RunResult(_Model):
     metrics: dict[str, float] = Field(default_factory=dict, description="training metrics, e.g. test_accuracy")
     exit_code: int = 0
     power_limit_applied: bool = True
+    power_limits_not_restored: list[str] = Field(
+        default_factory=list,
+        description="one entry per GPU whose power limit could not be put back after the run: the GPU, the "
+        "wanted and the actual limit (the task fails on it; a note says it in words too)",
+    )
     notes: list[str] = Field(default_factory=list)
     emissions_run_now_default_g: float | None = None
     saving_g: float | None = None

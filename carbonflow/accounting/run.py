@@ -35,6 +35,7 @@ class MeasuredRun(Protocol):
     samples: int
     metrics: dict[str, float]
     power_limit_applied: bool
+    power_limits_not_restored: list[str]
     notes: list[str]
     power_trace_csv: str | None
     output_dir: str | None
@@ -130,6 +131,7 @@ def to_run_result(
         metrics=run.metrics,
         exit_code=run.exit_code,
         power_limit_applied=run.power_limit_applied,
+        power_limits_not_restored=list(run.power_limits_not_restored),
         notes=notes,
         emissions_run_now_default_g=run_now_g,
         saving_g=saving_g,

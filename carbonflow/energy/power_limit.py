@@ -64,7 +64,8 @@ from carbonflow.energy.zeusd import holder_of, release_device
 from carbonflow.settings import node_dirs
 
 RESTORE_FAILED = "POWER LIMIT NOT RESTORED"
-"""How a run's notes start when a limit could not be put back (the session fails the task on it)."""
+"""How a run's note starts when a limit could not be put back: words for people. The session fails the task on
+the typed ``RunResult.power_limits_not_restored`` (from :attr:`PowerLimitOutcome.not_restored`), not on this."""
 logger = logging.getLogger(__name__)
 
 JOURNAL_DIR_ENV = POWER_JOURNAL_DIR_ENV
@@ -142,6 +143,9 @@ class PowerLimitOutcome:
     restored: bool | None = None
     notes: list[str] = field(default_factory=list)
     journal_paths: list[str] = field(default_factory=list)
+    not_restored: list[str] = field(default_factory=list)
+    """One entry per GPU whose limit could not be put back: the GPU, the wanted and the actual limit (the run
+    result's ``power_limits_not_restored``; the note starting with :data:`RESTORE_FAILED` says it in words)."""
 
 
 def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
@@ -259,6 +263,7 @@ class _Restorer:
                     logger.critical(msg)
                     print(f"carbonflow: {msg}", file=sys.stderr, flush=True)
                     self.outcome.notes.append(msg)
+                    self.outcome.not_restored.append(f"{dev.describe()}: wanted {want:g} W, {_limit_now(dev)} ({err})")
                 self.outcome.restored = False
                 return False
             self.outcome.restored = True
@@ -267,6 +272,14 @@ class _Restorer:
                     path.unlink()
             logger.info("power limits restored (%s): %s", why, self.previous_w)
             return True
+
+
+def _limit_now(dev: Device) -> str:
+    """The GPU's limit as it reads now, in words (``is at 200 W``; ``unreadable: <why>``)."""
+    try:
+        return f"is at {dev.power_limit_w():g} W"
+    except (EnergyError, ValueError) as exc:
+        return f"its limit is unreadable: {exc}"
 
 
 def _settable(gpus: list[Device], limit_w: float, outcome: PowerLimitOutcome) -> list[Device] | None:

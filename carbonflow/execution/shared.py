@@ -275,6 +275,7 @@ def _run_shared_on(
 
     previous_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     applied = True
+    not_restored: list[str] = []
     try:
         with applied_power_limit([gpu], request.power_limit_w, lease=lease) as outcome:
             notes.extend(outcome.notes)
@@ -333,10 +334,13 @@ def _run_shared_on(
                     sampler.__exit__(None, None, None)
         applied = outcome.applied
         notes.extend(note for note in outcome.notes if note not in notes)
+        not_restored = list(outcome.not_restored)
     finally:
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
     run = _account(request, members, phases, total, devices, gpu, applied, notes)
+    for member in run.members:  # the GPU both shared: each job's run says its limit was not put back
+        member.power_limits_not_restored = list(not_restored)
     if simulated and hasattr(gpu, "models"):
         _on_simulated_clock(run, members, gpu, request.power_limit_w)
     emit_result(run, result_path, result_key)  # signed with the run's key: the backend believes nothing else

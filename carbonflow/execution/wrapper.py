@@ -105,6 +105,9 @@ class WrappedRun(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)
     power_limit_applied: bool = True
     power_limit_w: float | None = None
+    power_limits_not_restored: list[str] = Field(
+        default_factory=list, description="per GPU whose limit could not be put back: the GPU, wanted and actual W"
+    )
     notes: list[str] = Field(default_factory=list)
     power_trace_csv: str | None = None
     output_dir: str | None = None
@@ -417,6 +420,7 @@ def _run_on(
     start_s = time.monotonic()
     exit_code = -1
     notes: list[str] = []
+    not_restored: list[str] = []
     child: subprocess.Popen[bytes] | None = None
     first_limit = sweep.limit_w if sweep is not None else plan.config.power_limit_w
     try:
@@ -489,6 +493,7 @@ def _run_on(
                     sampler.__exit__(None, None, None)
         applied = outcome.applied
         notes.extend(note for note in outcome.notes if note not in notes)  # restore notes come last
+        not_restored = list(outcome.not_restored)
     finally:
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
@@ -534,6 +539,7 @@ def _run_on(
         metrics=progress.final_metrics(),
         power_limit_applied=applied,
         power_limit_w=plan.config.power_limit_w,
+        power_limits_not_restored=not_restored,
         notes=notes,
         power_trace_csv=str(trace_csv) if trace_csv else None,
         output_dir=str(out_dir),

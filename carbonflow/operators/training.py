@@ -243,6 +243,7 @@ class CarbonAwareTrainingOperator(BaseOperator):
         held, not_held = hold_runs(outcome.held)  # a run too big for XCom stays in the spool: told, not failed
         if held:  # MLflow down: the records also wait in the metadata DB, for the deliver task
             context["ti"].xcom_push(key=HELD_RUNS_XCOM_KEY, value=held)
+        outcome.raise_if_power_limits_not_restored()  # PowerLimitNotRestored: on_failure_callback hears it
         if outcome.failures:  # on_failure_callback hears these
             raise TrainingFailed("; ".join(outcome.failures))
         tell(self, context, [*outcome.warnings, *not_held])

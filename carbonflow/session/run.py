@@ -45,16 +45,15 @@ class JobOutcome:
         """Why the task must fail: the training failed, or a GPU's power limit could not be put back."""
         if self.result is None:
             return None
-        from carbonflow.energy.power_limit import RESTORE_FAILED
+        reasons = []
+        if self.result.power_limits_not_restored:
+            reasons.append(f"{self.plan.job}: power limit not restored on "
+                           + "; ".join(self.result.power_limits_not_restored))  # fmt: skip
+        if not self.result.succeeded:
+            from carbonflow.session.crash import crash_report
 
-        unrestored = [n for n in self.result.notes if n.startswith(RESTORE_FAILED)]
-        if unrestored:
-            return f"{self.plan.job}: " + "; ".join(unrestored)
-        if self.result.succeeded:
-            return None
-        from carbonflow.session.crash import crash_report
-
-        return f"{crash_report(self.plan.job, self.result)}\n{_where_logged(self.tracking)}"
+            reasons.append(f"{crash_report(self.plan.job, self.result)}\n{_where_logged(self.tracking)}")
+        return "\n".join(reasons) or None
 
     def warnings(self, finish_by: Any) -> list[str]:
         """What an operator should hear about although the task succeeds: a missed finish-by, a held record."""
@@ -90,6 +89,19 @@ class GroupOutcome:
     @property
     def failures(self) -> list[str]:
         return [f for f in (j.failure for j in self.jobs) if f]
+
+    def raise_if_power_limits_not_restored(self) -> None:
+        """Raise :class:`~carbonflow.execution.errors.PowerLimitNotRestored` when a GPU's limit could not be put
+        back after a job (read from ``RunResult.power_limits_not_restored``): its message names each GPU with the
+        wanted and the actual limit, and any other failure of the group. The task fails with it."""
+        if not any(j.result is not None and j.result.power_limits_not_restored for j in self.jobs):
+            return
+        from carbonflow.execution.errors import PowerLimitNotRestored
+
+        raise PowerLimitNotRestored(
+            "; ".join(self.failures) + ". Its journal is kept: on that node run `python -m "
+            "carbonflow.energy.power_limit restore` (or the next run on that GPU restores it)"
+        )
 
     finish_by: dict[str, Any] = field(default_factory=dict)
 
@@ -370,6 +382,7 @@ class RunSession:
         result, points = self._account(member.job, solo, wrapped, state, clock)
         for name in ("energy_gpu_j", "energy_cpu_j", "energy_total_j", "emissions_g"):
             setattr(result, name, getattr(result, name) + getattr(first, name))
+        result.power_limits_not_restored = [*first.power_limits_not_restored, *result.power_limits_not_restored]
         cost = f"{format_energy_j(first.energy_total_j)}, {format_emissions_g(first.emissions_g)} CO2e"
         result.notes.append(f"includes the co-located attempt it was separated from: {cost}")
         return JobOutcome(plan=solo, result=result, tracking=self._log_run(member, solo, result, state, points))

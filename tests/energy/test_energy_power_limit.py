@@ -153,6 +153,8 @@ def test_restore_failure_is_loud_and_journal_allows_later_restore(fake_nvml, jou
     assert "POWER LIMIT NOT RESTORED" in caplog.text
     assert "POWER LIMIT NOT RESTORED" in capsys.readouterr().err
     assert fake_nvml.limits_mw() == [200000, 300000]
+    [entry] = outcome.not_restored  # typed: the GPU, the limit wanted and the one it is at; GPU 1 was restored
+    assert entry.startswith(nvml_devices()[0].describe()) and f"wanted {before[0] / 1000:g} W, is at 200 W" in entry
     journals = [Path(p) for p in outcome.journal_paths]
     assert all(j.exists() for j in journals)
     fake_nvml.update(0, set_failures=0)

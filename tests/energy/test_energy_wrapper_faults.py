@@ -106,3 +106,24 @@ def test_wrapper_restores_limits_after_exception(fake_nvml, journal_dir, tmp_pat
     assert [c[1] for c in calls[:4]] == [160000] * 4  # the limit really was applied before the failure
     assert fake_nvml.limits_mw() == before, err
     assert not list(journal_dir.glob("*.json"))
+
+
+@pytest.mark.slow
+def test_a_failed_restore_travels_as_a_typed_field_of_the_result(fake_nvml, journal_dir, tmp_path):
+    """The training makes GPU 0 refuse every later set (the fake driver's ``set_failures``): the wrapper cannot put
+    its limit back, and the result names that GPU, the limit wanted and the one it is at, in
+    ``power_limits_not_restored`` (the note says it in words too); the other GPUs are restored and not named."""
+    fake_nvml.setup(GPUS)
+    code = (
+        f"import sys; sys.path.insert(0, {str(FAKE_DIR)!r}); import pynvml; "
+        f"pynvml.update_device({str(fake_nvml.path)!r}, 0, set_failures=100)"
+    )
+    proc = _start(fake_nvml, journal_dir, tmp_path, [sys.executable, "-c", code])
+    _out, err = proc.communicate(timeout=120)
+    result = json.loads((tmp_path / "result.json").read_text())
+    gpu0 = fake_nvml.state()["devices"][0]
+    assert fake_nvml.limits_mw() == [160000, 280000, 250000, 300000], err
+    [entry] = result["power_limits_not_restored"]
+    assert entry.startswith(f"gpu {gpu0['uuid']} (") and "wanted 300 W, is at 160 W" in entry, entry
+    assert any(n.startswith("POWER LIMIT NOT RESTORED") for n in result["notes"])
+    assert list(journal_dir.glob("*.json")), "the journal of the GPU left lowered is kept"

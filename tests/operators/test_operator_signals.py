@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from carbonflow.energy.power_limit import RESTORE_FAILED
+from carbonflow.execution.errors import PowerLimitNotRestored
 from carbonflow.models import Config, DeviceEnergy, Plan, RunResult
 from carbonflow.operators.common import tell
 from carbonflow.operators.delivery import DeliverHeldRunsOperator
@@ -34,11 +35,46 @@ def _result(job: str = "j", *, minutes: float = 10, notes: list[str] | None = No
                      notes=notes or [])  # fmt: skip
 
 
+UNRESTORED = "gpu GPU-1 (V100, measured): wanted 300 W, is at 200 W (NVMLError_NoPermission)"
+
+
+def _unrestored(job: str = "j") -> RunResult:
+    note = f"{RESTORE_FAILED} (exit) on gpu GPU-1 (V100, measured): wanted 300 W, NVMLError_NoPermission; after 3."
+    result = _result(job, notes=[note])
+    result.power_limits_not_restored = [UNRESTORED]
+    return result
+
+
 def test_a_limit_that_could_not_be_restored_fails_the_task_even_when_training_succeeded() -> None:
-    note = f"{RESTORE_FAILED} (exit) on GPU 0 (GPU-1): wanted 300 W, NVMLError_NoPermission; after 3 attempts."
-    outcome = JobOutcome(plan=_plan(), tracking={"run_id": "r"}, result=_result(notes=[note]))
-    assert outcome.failure is not None and RESTORE_FAILED in outcome.failure
+    """Read from the typed field, not from the note's words: a note alone fails nothing, the field does."""
+    outcome = JobOutcome(plan=_plan(), tracking={"run_id": "r"}, result=_unrestored())
+    assert outcome.failure == f"j: power limit not restored on {UNRESTORED}"
     assert JobOutcome(plan=_plan(), tracking={}, result=_result()).failure is None
+    only_words = _result(notes=[f"{RESTORE_FAILED} (exit) on gpu GPU-1: wanted 300 W"])
+    assert JobOutcome(plan=_plan(), tracking={}, result=only_words).failure is None
+    both = _unrestored()
+    both.exit_code = 1  # the training failed too: both reasons are told
+    failure = JobOutcome(plan=_plan(), tracking={}, result=both).failure
+    assert failure is not None and UNRESTORED in failure and "training of j failed with exit status 1" in failure
+
+
+def test_the_task_fails_with_power_limit_not_restored_naming_the_gpu_and_its_limits() -> None:
+    failed = GroupOutcome("pair", [JobOutcome(plan=_plan("a"), tracking={}, result=_result("a", code=1)),
+                                   JobOutcome(plan=_plan("b"), tracking={}, result=_unrestored("b"))])  # fmt: skip
+    with pytest.raises(PowerLimitNotRestored) as raised:
+        failed.raise_if_power_limits_not_restored()
+    message = str(raised.value)
+    assert f"b: power limit not restored on {UNRESTORED}" in message
+    assert "gpu GPU-1" in message and "wanted 300 W, is at 200 W" in message
+    assert "training of a failed with exit status 1" in message  # the group's other failure is not lost
+    assert "carbonflow.energy.power_limit restore" in message
+    GroupOutcome("ok", [JobOutcome(plan=_plan(), tracking={}, result=_result())]).raise_if_power_limits_not_restored()
+
+
+def test_a_run_result_written_before_the_field_still_reads() -> None:
+    older = _result().model_dump(mode="json")
+    del older["power_limits_not_restored"]
+    assert RunResult.model_validate(older).power_limits_not_restored == []
 
 
 def test_a_run_past_its_finish_by_and_a_held_record_are_warnings() -> None:
