@@ -269,15 +269,20 @@ def _flag(name: str) -> bool:
 
 def gpu_wait_s() -> float:
     """Seconds a wrapper waits for its GPUs' leases (``CARBONFLOW_GPU_WAIT_S``, default 300)."""
-    raw = _text(GPU_WAIT_ENV)
+    return _seconds(GPU_WAIT_ENV, DEFAULT_GPU_WAIT_S)
+
+
+def _seconds(name: str, default: float) -> float:
+    """``$name`` as a finite number of seconds >= 0, else ``default`` when unset; refused naming name and value."""
+    raw = _text(name)
     if raw is None:
-        return DEFAULT_GPU_WAIT_S
+        return default
     try:
         value = float(raw)
     except ValueError:
-        value = -1.0
-    if value < 0:
-        raise ValueError(f"{GPU_WAIT_ENV}={raw!r} is not allowed; give a number of seconds >= 0")
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name}={raw!r} is not allowed; give a number of seconds >= 0")
     return value
 
 
@@ -324,16 +329,7 @@ def replay_text() -> str | None:
 
 def replay_min_wait_s(default: float = DEFAULT_REPLAY_MIN_WAIT_S) -> float:
     """The shortest wait of a replayed night, seconds (``$CARBONFLOW_REPLAY_MIN_WAIT_S``, else ``default``)."""
-    raw = _text(REPLAY_MIN_WAIT_ENV)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{REPLAY_MIN_WAIT_ENV}={raw!r} is not allowed; give a number of seconds >= 0")
-    return value
+    return _seconds(REPLAY_MIN_WAIT_ENV, default)
 
 
 def replay_min_wait_text(environ: Mapping[str, str], default: str) -> str:

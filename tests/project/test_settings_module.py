@@ -458,6 +458,7 @@ def test_one_home_resolver_with_the_documented_default(tmp_path: Path, monkeypat
     ("function", "variable", "value", "allowed"),
     [
         (settings.gpu_wait_s, "CARBONFLOW_GPU_WAIT_S", "-1", "a number of seconds >= 0"),
+        (settings.gpu_wait_s, "CARBONFLOW_GPU_WAIT_S", "nan", "a number of seconds >= 0"),
         (settings.replay_min_wait_s, "CARBONFLOW_REPLAY_MIN_WAIT_S", "soon", "a number of seconds >= 0"),
         (settings.demo_night, "CARBONFLOW_DEMO_NIGHT", "0", "a whole number >= 1"),
         (settings.night_gpus, "CARBONFLOW_NIGHT_GPUS", "two", "a whole number >= 1"),
