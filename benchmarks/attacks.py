@@ -276,7 +276,7 @@ def _wrapper(
     job: dict | None = None,
 ) -> subprocess.Popen:  # type: ignore[no-untyped-def]
     """The real ``carbonflow run`` as a backend starts it, training ``python -c code``."""
-    from carbonflow.models import Config, JobSpec, Plan
+    from carbonflow.domain import Config, JobSpec, Plan
 
     run_dir = root / name
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -421,9 +421,9 @@ def _forge_code(result_hint: Path, how: str) -> str:
 
 def training_forges_its_result(rng: random.Random, root: Path) -> Attempt:
     """The local backend's reading of a run whose training prints, writes or kills its way to a forged result."""
+    from carbonflow.domain import Config, JobSpec, Plan
     from carbonflow.execution.errors import RunFailed
     from carbonflow.execution.local import LocalBackend
-    from carbonflow.models import Config, JobSpec, Plan
 
     how = rng.choice(["print", "write-result", "kill-wrapper", "steal-key"])
     # As the worker's own user a training is inside the boundary (it could read the key as it could ptrace the
@@ -476,7 +476,7 @@ def training_forges_its_result_on_kubernetes(rng: random.Random, root: Path) -> 
     sys.path.insert(0, str(REPO / "tests" / "kubernetes"))
     from fake_gpu_node import fake_cluster
 
-    from carbonflow.models import Config, JobSpec, Plan
+    from carbonflow.domain import Config, JobSpec, Plan
     from tests.fakes.node import wait_for
 
     limit_w, how = 150, rng.choice(["oom-kill", "oom-kill", "print-and-exit"])
@@ -512,8 +512,8 @@ def training_forges_its_result_on_kubernetes(rng: random.Random, root: Path) -> 
 
 
 def _forged_wrapped_run(limit_w: float, now: datetime) -> str:
+    from carbonflow.domain import Config, DeviceEnergy
     from carbonflow.execution.wrapper import WrappedRun
-    from carbonflow.models import Config, DeviceEnergy
 
     return WrappedRun(
         job="forger", config_key=Config(containers=1, power_limit_w=limit_w).key(), started_at=now, ended_at=now,

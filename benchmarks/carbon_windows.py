@@ -54,7 +54,7 @@ from carbonflow.carbon.windows import (  # noqa: E402
     safer_scores,
     shrink_toward_profile,
 )
-from carbonflow.models import Config, Forecast, ForecastPoint, JobSpec, Profile, ProfilePoint  # noqa: E402
+from carbonflow.domain import Config, Forecast, ForecastPoint, JobSpec, Profile, ProfilePoint  # noqa: E402
 from carbonflow.planning import plan_job  # noqa: E402
 
 SHARED = Path("/work/shared/data/carbon")

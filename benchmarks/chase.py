@@ -45,7 +45,7 @@ import pandas as pd
 from carbonflow.carbon.replay import ReplayProvider
 from carbonflow.carbon.traces import Trace, load_trace, to_datetime
 from carbonflow.carbon.windows import mean_intensity_gco2_per_kwh
-from carbonflow.models import Config, Forecast, JobSpec, Plan, Profile, ProfilePoint
+from carbonflow.domain import Config, Forecast, JobSpec, Plan, Profile, ProfilePoint
 from carbonflow.planning import JobHistory, RealisedRun, choose_power_limit, plan_job
 from carbonflow.units import J_PER_KWH
 

@@ -22,10 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from carbonflow.domain import SimulatedGpuSpec
 from carbonflow.energy.cpu import CpuDevice
 from carbonflow.energy.monitor import EnergyMonitor, PowerSampler
 from carbonflow.energy.simulated import SimulatedGpu
-from carbonflow.models import SimulatedGpuSpec
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -475,7 +475,7 @@ def task_retried_after_logging(rng: random.Random, root: Path) -> FaultOutcome:
 
 def _wait_state(job: str) -> object:
     """The retried task's group: the job alone, as its wait state holds it."""
-    from carbonflow.models import utcnow
+    from carbonflow.domain import utcnow
     from carbonflow.session.state import GroupMember, WaitState
     from tests.tracking import tracking_factories as f
 
@@ -567,7 +567,7 @@ def _gpu_run(limit_w: float, command: list[str] | None = None) -> tuple[object, 
     """A one-pod GPU job running ``command`` (default: trains until stopped) and its plan at ``limit_w``."""
     from datetime import UTC, datetime
 
-    from carbonflow.models import Config, JobSpec, Plan
+    from carbonflow.domain import Config, JobSpec, Plan
 
     command = command or ["python", "-c", "import time\nwhile True:\n    time.sleep(0.2)\n"]
     spec = JobSpec(name="pod-fault", command=command, steps=100, region="GB")
@@ -767,7 +767,7 @@ def _env_attack(rng: random.Random, node: object, api: object, backend: object, 
     is SIGKILLed, and the restore pod must still put the GPU back."""
     from pydantic import ValidationError
 
-    from carbonflow.models import JobSpec
+    from carbonflow.domain import JobSpec
 
     fields = {"name": "moved", "command": ["python", "train.py"], "steps": 10, "region": "GB",
               "env": {name: "elsewhere"}}  # fmt: skip

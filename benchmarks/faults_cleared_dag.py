@@ -3,7 +3,7 @@ cleared with Airflow's own clear (as the UI's "Clear" of a DAG run), and runs ag
 
 Run as a subprocess with its own ``AIRFLOW_HOME`` (SQLite metadata DB, migrated by the caller) whose DAGs folder
 holds only the DAG written here. The task does what the training operator does on every try: it takes the
-run's identity from the Airflow context (``carbonflow.operators.training._run_identity``: dag, run, clear
+run's identity from the Airflow context (``carbonflow.operators.carbon_aware_training._run_identity``: dag, run, clear
 number, task), asks whether that run was already logged (``RunSession.already_logged``) and only then trains
 (one line in ``$FAULTS_TRAININGS``) and logs it to ``$FAULTS_STORE``. Prints the DAG run's id and its clear
 number after each run, as JSON, for the caller to count the runs each key holds.
@@ -43,8 +43,8 @@ with DAG(dag_id={DAG_ID!r}, schedule=None, start_date=datetime(2026, 1, 1), catc
 
 def train_once(context: Any) -> str:
     """The training task's body: train and log unless this Airflow run (with its clear number) logged already."""
-    from carbonflow.models import utcnow
-    from carbonflow.operators.training import _run_identity
+    from carbonflow.domain import utcnow
+    from carbonflow.operators.carbon_aware_training import _run_identity
     from carbonflow.session.run import RunSession
     from carbonflow.session.source import CarbonSource
     from carbonflow.session.state import GroupMember, WaitState

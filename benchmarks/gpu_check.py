@@ -337,7 +337,7 @@ def _run_dir(node: Node, name: str) -> Path:
 
 def start_wrapper(node: Node, name: str, limit_w: float | None, command: list[str]) -> subprocess.Popen:
     """``carbonflow run`` for one run of the check; its files go to ``<root>/<name>/``."""
-    from carbonflow.models import Config, JobSpec, Plan
+    from carbonflow.domain import Config, JobSpec, Plan
 
     run_dir = _run_dir(node, name)
     job = JobSpec(name=f"gpu-check-{name}"[:63], command=["true"], steps=1, region="GB")

@@ -500,7 +500,7 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def job_spec(name: str, limits: list[float], args: argparse.Namespace, objective: str = "energy"):  # type: ignore[no-untyped-def]
-    from carbonflow.models import JobSpec
+    from carbonflow.domain import JobSpec
 
     command = ["{python}", str(Path(__file__).resolve()), "train", "--workload", name, *train_flags(args)]
     return JobSpec(

@@ -57,7 +57,7 @@ import nightly_carbon as nc
 from carbonflow.carbon.calibration import default_error_model
 from carbonflow.carbon.traces import load_trace
 from carbonflow.carbon.windows import held_window_means
-from carbonflow.models import JobSpec, Plan, Profile
+from carbonflow.domain import JobSpec, Plan, Profile
 from carbonflow.planning import JobHistory, PairProfile, plan_night
 from carbonflow.planning.night_gpus import deadline_factors, fit_plans_to_gpus, gpu_groups
 from carbonflow.planning.pair_prediction import (

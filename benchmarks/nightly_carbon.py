@@ -92,8 +92,8 @@ import pandas as pd
 from carbonflow.carbon.calibration import default_error_model, sample_biased
 from carbonflow.carbon.traces import load_trace
 from carbonflow.carbon.windows import held_window_means, search_starts
+from carbonflow.domain import Config, Forecast, ForecastPoint, JobSpec, Plan, Profile, ProfilePoint
 from carbonflow.energy.simulated import ZeusPowerModel, workload_defaults
-from carbonflow.models import Config, Forecast, ForecastPoint, JobSpec, Plan, Profile, ProfilePoint
 from carbonflow.planning import JobHistory, PairProfile, RealisedRun, pair_timeline, plan_job, plan_night
 from carbonflow.planning.batch_size import batch_size_explorer
 from carbonflow.simulation.devices import DeviceModel

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from carbonflow.domain import Config, Forecast, ForecastPoint, JobSpec, Profile, ProfilePoint
 from carbonflow.energy.simulated import ZeusPowerModel, workload_defaults
-from carbonflow.models import Config, Forecast, ForecastPoint, JobSpec, Profile, ProfilePoint
 from carbonflow.planning import PairProfile, plan_job, plan_night
 
 DATA = Path("/work/shared/data")

@@ -26,8 +26,8 @@ import math
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from carbonflow.domain import Config, JobSpec, Profile, ProfilePoint
 from carbonflow.energy.simulated import ZeusPowerModel, workload_defaults
-from carbonflow.models import Config, JobSpec, Profile, ProfilePoint
 from carbonflow.planning import plan_job
 from carbonflow.planning.costs import edp, eds, energy_gain_minus_time_loss_pct, objective_cost
 from carbonflow.planning.optimizer import predict_candidates

@@ -20,8 +20,8 @@ import json
 import time
 from pathlib import Path
 
+from carbonflow.domain import SimulatedGpuSpec
 from carbonflow.energy.simulated import GPU_FILES, SimulatedGpu, ZeusPowerModel, load_trace, workloads
-from carbonflow.models import SimulatedGpuSpec
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

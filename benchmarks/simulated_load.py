@@ -53,9 +53,9 @@ def _gpu_energy_j(run: Any) -> float:
 
 def run_job(workdir: Path, steps: int, batch_size: int = 32, power_limit_w: float = 200.0) -> dict[str, Any]:
     """One wrapped run of the small job on a simulated V100 at ``power_limit_w``: its GPU energy and time."""
+    from carbonflow.domain import Config, JobSpec, Plan, SimulatedGpuSpec, utcnow
     from carbonflow.execution.commands import resolved_command
     from carbonflow.execution.wrapper import run_wrapped
-    from carbonflow.models import Config, JobSpec, Plan, SimulatedGpuSpec, utcnow
 
     script = workdir / "train.py"
     script.write_text(TRAIN, encoding="utf-8")

@@ -107,7 +107,7 @@ def load_plan_or_exit(path: Path, option: str):  # -> Plan
     """The Plan JSON in ``path``; refused in one line when it is not one."""
     from pydantic import ValidationError
 
-    from carbonflow.models import Plan, field_problems
+    from carbonflow.domain import Plan, field_problems
 
     try:
         return Plan.model_validate_json(path.read_text(encoding="utf-8"))
@@ -182,7 +182,7 @@ def run_shared(
     """Run two co-located jobs on one GPU, measure the GPU once and split its energy between them."""
     from pydantic import ValidationError
 
-    from carbonflow.execution.shared import main_from_file
+    from carbonflow.execution.pair_wrapper import main_from_file
 
     if not request.is_file():
         raise _refuse_file(f"--request: {request} is not a readable file")
@@ -362,7 +362,7 @@ def dags_test(
     live: Annotated[bool, typer.Option(help="live carbon APIs and the wall clock instead of the replay")] = False,
 ) -> None:
     """Run your DAG once, end to end, on embedded Airflow + MLflow, and print each training's cost and accuracy."""
-    from carbonflow.dev import run_dag_test
+    from carbonflow.dag_test import run_dag_test
     from carbonflow.settings import home_dir
 
     raise typer.Exit(run_dag_test(dag_file, home or home_dir(), dag_id=dag_id, live=live))
@@ -431,7 +431,7 @@ def spool_status(home: Annotated[Path | None, typer.Option(help=HOME_HELP, show_
     """List the run records waiting in the local spool for MLflow, and those it refused."""
     from rich.table import Table
 
-    from carbonflow.models import utcnow
+    from carbonflow.domain import utcnow
     from carbonflow.terminal import cli_console
     from carbonflow.tracking.spool import failed_entries, pending, spool_root
     from carbonflow.tracking.uri import redacted_text, redacted_uri

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from carbonflow.models import JobSpec, Profile
+from carbonflow.domain import JobSpec, Profile
 
 EXIT_INVALID_JOB = 2
 """Exit code of ``carbonflow plan`` for a job that is not valid (1: anything else that stops it)."""
@@ -27,7 +27,7 @@ EXIT_INVALID_JOB = 2
 
 def job_file_problems(path: Path) -> tuple[JobSpec | None, list[str]]:
     """The job in ``path`` (read as the registry reads it), or every problem of its fields, one per message
-    (worded by :func:`carbonflow.models.field_problems`, as the registry and the DAG's validate task word them),
+    (worded by :func:`carbonflow.domain.field_problems`, as the registry and the DAG's validate task word them),
     with the request checks the fields the schema accepted can already have (region, finish-by)."""
     from carbonflow.registry import RegistryError, load_job_file, read_job_data
     from carbonflow.validation import problems_beside_the_schema

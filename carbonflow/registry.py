@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from carbonflow import settings
-from carbonflow.models import JobSpec, field_bounds, field_problems
+from carbonflow.domain import JobSpec, field_bounds, field_problems
 
 JOBS_DIR_ENV = settings.JOBS_DIR_ENV
 SUFFIXES = (".yaml", ".yml", ".json")
@@ -232,7 +232,7 @@ def job_fields_markdown() -> str:
     """The JobSpec fields as a Markdown table (docs/jobs.md holds it: ``python -m carbonflow.registry fields``)."""
     from pydantic_core import PydanticUndefined
 
-    from carbonflow.models import SimulatedGpuSpec, TriggerLimits
+    from carbonflow.domain import SimulatedGpuSpec, TriggerLimits
 
     lines = []
     models = (

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from carbonflow.models import Config, JobSpec, Plan
+from carbonflow.domain import Config, JobSpec, Plan
 
 
 def try_job(command: list[str], steps: int, batch_size: int, containers: int) -> JobSpec:

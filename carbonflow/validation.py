@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from carbonflow.models import JobSpec, UtcDatetime, parse_job, utcnow
+from carbonflow.domain import JobSpec, UtcDatetime, parse_job, utcnow
 
 TRIGGER_FIELDS = (
     "epochs",
@@ -107,7 +107,7 @@ def _power_limit_beside_the_schema(data: dict, refused: set[str]) -> str | None:
         return None
     from pydantic import TypeAdapter, ValidationError
 
-    from carbonflow.models import SimulatedGpuSpec
+    from carbonflow.domain import SimulatedGpuSpec
 
     try:
         simulated = TypeAdapter(SimulatedGpuSpec | None).validate_python(data.get("simulated_gpu"))

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param
 
-from carbonflow.models import OBJECTIVE_PARAM_PATTERN
+from carbonflow.domain import OBJECTIVE_PARAM_PATTERN
 from carbonflow.operators import (
     CarbonAwareTrainingOperator,
     DeliverHeldRunsOperator,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Param
 
-from carbonflow.models import MAX_POWER_LIMIT_W, OBJECTIVE_PARAM_PATTERN, parse_job
+from carbonflow.domain import MAX_POWER_LIMIT_W, OBJECTIVE_PARAM_PATTERN, parse_job
 from carbonflow.operators import (
     CarbonAwareTrainingOperator,
     DeliverHeldRunsOperator,

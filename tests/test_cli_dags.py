@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from carbonflow.dev import parse_dags_test_log, print_runs
+from carbonflow.dag_test import parse_dags_test_log, print_runs
 from carbonflow.tracking import schema as s
 
 CARBONFLOW = str(Path(sys.executable).with_name("carbonflow"))

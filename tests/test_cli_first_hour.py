@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from carbonflow.cli import EXIT_BAD_FILE, app, package_version
-from carbonflow.models import Config, Plan
+from carbonflow.domain import Config, Plan
 
 GOOD_YAML = "name: first-hour\nworkload: digits_cnn\nepochs: 1\nregion: GB\n"
 
@@ -95,7 +95,7 @@ def test_run_accepts_the_yaml_job_that_plan_accepts(tmp_path: Path, monkeypatch:
     read: list[str] = []
 
     def fake_main(job_path: Path, *args, **kwargs) -> int:  # the wrapper reads JSON
-        from carbonflow.models import JobSpec
+        from carbonflow.domain import JobSpec
 
         read.append(JobSpec.model_validate_json(Path(job_path).read_text()).name)
         return 0

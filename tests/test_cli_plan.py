@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from carbonflow.cli import app
-from carbonflow.models import Config, Profile, ProfilePoint
+from carbonflow.domain import Config, Profile, ProfilePoint
 
 JOB = "name: plan-me\nworkload: digits_cnn\nepochs: 2\nregion: GB\nobjective: carbon\nmax_slowdown: 0.2\n"
 

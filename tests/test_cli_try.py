@@ -54,7 +54,7 @@ def test_try_help_shows_the_batch_size_default_the_command_gets(tmp_path: Path) 
     from typer.testing import CliRunner
 
     from carbonflow.cli import app
-    from carbonflow.models import JobSpec
+    from carbonflow.domain import JobSpec
 
     done = CliRunner().invoke(app, ["try", "--help"], terminal_width=100, env={"COLUMNS": "100"})
     assert done.exit_code == 0, done.output

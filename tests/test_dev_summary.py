@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from rich.console import Console
 
 from carbonflow.accounting.saving import format_saving
-from carbonflow.dev import SAVING_CAPTION, predicted_saving_named, print_runs
+from carbonflow.dag_test import SAVING_CAPTION, predicted_saving_named, print_runs
 from carbonflow.tracking import schema as s
 from carbonflow.tracking.logger import saving_line
 

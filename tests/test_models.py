@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from carbonflow.models import Config, JobSpec, parse_objective
+from carbonflow.domain import Config, JobSpec, parse_objective
 
 BASE = {"name": "digits", "workload": "digits_cnn", "epochs": 3, "region": "GB"}
 
@@ -55,7 +55,7 @@ def test_config_key_is_stable_and_readable() -> None:
 
 def test_a_misspelled_field_is_refused_naming_the_nearest_allowed_one() -> None:
     """User trial: 'sample_per_epoch: Extra inputs are not permitted' named the field but not what is allowed."""
-    from carbonflow.models import parse_job
+    from carbonflow.domain import parse_job
 
     with pytest.raises(ValueError) as err:
         parse_job({"name": "m", "region": "GB", "steps": 1, "command": ["x"], "sample_per_epoch": 3})
@@ -72,7 +72,7 @@ def test_a_misspelled_field_is_refused_naming_the_nearest_allowed_one() -> None:
 
 def test_every_job_field_says_what_it_is() -> None:
     """User trial: no field reference existed; the docs' table is generated from these descriptions."""
-    from carbonflow.models import SimulatedGpuSpec
+    from carbonflow.domain import SimulatedGpuSpec
 
     for model in (JobSpec, SimulatedGpuSpec):
         assert not [n for n, f in model.model_fields.items() if not f.description], model.__name__
@@ -92,7 +92,7 @@ def test_the_docs_job_reference_is_the_models_own_table() -> None:
 
 def test_a_value_out_of_range_names_the_whole_range() -> None:
     """Second user trial: max_slowdown=-1 gave pydantic's 'greater than or equal to 0', without the upper bound."""
-    from carbonflow.models import parse_job
+    from carbonflow.domain import parse_job
 
     with pytest.raises(ValueError) as err:
         parse_job({"name": "m", "region": "GB", "steps": 1, "max_slowdown": -1})
@@ -124,7 +124,7 @@ NAN, INF = float("nan"), float("inf")
 )
 def test_nan_and_infinite_values_are_refused(update: dict) -> None:
     """Security review: a NaN target_value and an infinite timeout were accepted."""
-    from carbonflow.models import parse_job
+    from carbonflow.domain import parse_job
 
     with pytest.raises(ValueError) as err:
         parse_job({**BASE, **update})
@@ -158,7 +158,7 @@ def test_nan_and_infinite_values_are_refused(update: dict) -> None:
 )
 def test_unbounded_numbers_are_refused_naming_field_value_and_range(update: dict, fragment: str) -> None:
     """Security review: 1e12 epochs were accepted."""
-    from carbonflow.models import parse_job
+    from carbonflow.domain import parse_job
 
     with pytest.raises(ValueError) as err:
         parse_job({**BASE, **update})
@@ -183,7 +183,7 @@ def test_unbounded_numbers_are_refused_naming_field_value_and_range(update: dict
 def test_sizes_are_bounded(update: dict, fragment: str) -> None:
     """Security review: command length, argument count, env size and name length were unbounded; an error
     quotes a huge value cut short, not whole."""
-    from carbonflow.models import parse_job
+    from carbonflow.domain import parse_job
 
     with pytest.raises(ValueError) as err:
         parse_job({**BASE, **update})
@@ -193,7 +193,7 @@ def test_sizes_are_bounded(update: dict, fragment: str) -> None:
 
 def test_finish_by_that_is_not_a_date_gets_our_own_message() -> None:
     """User trial: finish_by: tomorrow gave pydantic's 'Input should be a valid datetime or date'."""
-    from carbonflow.models import parse_job
+    from carbonflow.domain import parse_job
 
     with pytest.raises(ValueError) as err:
         parse_job({**BASE, "finish_by": "tomorrow"})
@@ -204,7 +204,7 @@ def test_finish_by_that_is_not_a_date_gets_our_own_message() -> None:
 
 def test_an_objective_error_names_its_field_once() -> None:
     """User trial: 'objective: objective='greenest' is not allowed' named the field twice."""
-    from carbonflow.models import parse_job
+    from carbonflow.domain import parse_job
 
     with pytest.raises(ValueError) as err:
         parse_job({**BASE, "objective": "greenest"})
@@ -213,7 +213,7 @@ def test_an_objective_error_names_its_field_once() -> None:
 
 
 def test_trigger_limits_must_match_how_the_job_gives_its_work() -> None:
-    from carbonflow.models import parse_job
+    from carbonflow.domain import parse_job
 
     assert parse_job({**BASE, "trigger_limits": {"max_epochs": 30, "batch_sizes": [32, 64]}}).trigger_limits
     with pytest.raises(

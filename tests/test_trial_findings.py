@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 from carbonflow.accounting.run import to_run_result
 from carbonflow.accounting.saving import format_saving, saving_fraction, saving_g
 from carbonflow.cli import app
-from carbonflow.dev import durations_text, parse_dags_test_log
+from carbonflow.dag_test import durations_text, parse_dags_test_log
+from carbonflow.domain import DeviceEnergy, JobSpec
 from carbonflow.execution.local import LocalBackend
 from carbonflow.execution.wrapper import WrappedRun
-from carbonflow.models import DeviceEnergy, JobSpec
 from carbonflow.planning import plan_job
 from carbonflow.profiling.profiler import ProfilingError, profile_job
 from carbonflow.progress_pattern import UNMATCHED_GRACE_S, check_progress_pattern

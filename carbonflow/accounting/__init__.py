@@ -6,7 +6,7 @@
 * :mod:`~carbonflow.accounting.emissions`: energy over time × the carbon intensity of that time;
 * :mod:`~carbonflow.accounting.saving`: the one saving figure (realised here, predicted by the planner,
   which imports it from here: see that module for why);
-* :mod:`~carbonflow.accounting.run`: what a wrapped run measured → its :class:`~carbonflow.models.RunResult`.
+* :mod:`~carbonflow.accounting.run`: what a wrapped run measured → its :class:`~carbonflow.domain.RunResult`.
 
 Units come from :mod:`carbonflow.units` alone. Accounting imports neither the execution layer that calls it
 nor the planner or tracking.

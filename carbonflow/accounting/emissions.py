@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from carbonflow.models import ForecastPoint
+from carbonflow.domain import ForecastPoint
 from carbonflow.units import J_PER_KWH
 
 if TYPE_CHECKING:

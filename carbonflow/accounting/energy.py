@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from carbonflow.models import DeviceEnergy
+from carbonflow.domain import DeviceEnergy
 
 if TYPE_CHECKING:
     from carbonflow.energy.device import Device

@@ -17,7 +17,7 @@ from typing import Protocol
 from carbonflow.accounting.emissions import emissions_g
 from carbonflow.accounting.saving import saving_fraction as one_saving_fraction
 from carbonflow.accounting.saving import saving_g as one_saving_g
-from carbonflow.models import DeviceEnergy, ForecastPoint, Plan, RunResult
+from carbonflow.domain import DeviceEnergy, ForecastPoint, Plan, RunResult
 from carbonflow.units import J_PER_KWH
 
 log = logging.getLogger(__name__)

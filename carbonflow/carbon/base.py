@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-from carbonflow.models import Forecast
+from carbonflow.domain import Forecast
 
 DEFAULT_HORIZON_S = 48 * 3600.0
 

@@ -18,7 +18,7 @@ from carbonflow.carbon.base import ForecastProvider, NotConfigured, ProviderErro
 from carbonflow.carbon.fallbacks import ClimatologyProvider, StaticProvider
 from carbonflow.carbon.regions import ResolvedRegion, resolve_region
 from carbonflow.carbon.replay import ReplayProvider
-from carbonflow.models import Forecast, ForecastPoint, SignalKind
+from carbonflow.domain import Forecast, ForecastPoint, SignalKind
 from carbonflow.settings import provider_credential
 
 log = logging.getLogger(__name__)

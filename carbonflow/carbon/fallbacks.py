@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from carbonflow.carbon.base import DEFAULT_HORIZON_S, ProviderUnavailable, RegionNotSupported, floor_to, require_utc
-from carbonflow.models import Forecast, ForecastPoint, SignalKind
+from carbonflow.domain import Forecast, ForecastPoint, SignalKind
 
 HistoryFn = Callable[[str, datetime, datetime], list[ForecastPoint]]
 

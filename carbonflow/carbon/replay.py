@@ -27,7 +27,7 @@ from carbonflow.carbon.base import (
 )
 from carbonflow.carbon.calibration import DATA_DIR, LeadTimeErrorModel, default_error_model
 from carbonflow.carbon.traces import Trace, load_trace, to_datetime
-from carbonflow.models import Forecast, ForecastPoint
+from carbonflow.domain import Forecast, ForecastPoint
 
 NESO_DIR = DATA_DIR / "uk-neso-forecast-vs-actual"
 NESO_FW48H = NESO_DIR / "gb_national_fw48h_forecast_vs_actual_issued_2023-03-14_to_2023-03-17.csv"

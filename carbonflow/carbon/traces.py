@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from carbonflow.models import SignalKind
+from carbonflow.domain import SignalKind
 
 _LWA_REGIONS = {"ger": "DE", "gb": "GB", "fr": "FR", "cal": "US-CAL-CISO"}
 _CARBONADVISOR_ZONE_FIX = {"AUS-NSW": "AU-NSW", "AUS-VIC": "AU-VIC"}

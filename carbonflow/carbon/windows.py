@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from carbonflow.carbon.base import require_utc
 from carbonflow.carbon.calibration import LeadTimeErrorModel, default_error_model
-from carbonflow.models import Forecast, ForecastPoint
+from carbonflow.domain import Forecast, ForecastPoint
 from carbonflow.settings import start_guard_z
 
 DEFAULT_RISK_AVERSION = 0.0

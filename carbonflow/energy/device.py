@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from carbonflow.domain import DeviceKind, EnergyLabel
 from carbonflow.energy.errors import PowerLimitNotPermitted
-from carbonflow.models import DeviceKind, EnergyLabel
 
 LIMIT_TOLERANCE_W = 0.5
 """Read-back tolerance when checking a limit that was just set (NVML rounds to whole mW/W)."""

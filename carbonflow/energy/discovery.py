@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import logging
 
+from carbonflow.domain import SimulatedGpuSpec
 from carbonflow.energy.device import Device
-from carbonflow.models import SimulatedGpuSpec
 
 logger = logging.getLogger(__name__)
 

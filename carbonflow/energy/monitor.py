@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from carbonflow.domain import EnergyLabel
 from carbonflow.energy.device import Device
 from carbonflow.energy.errors import EnergyError
-from carbonflow.models import EnergyLabel
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ GPU is visibly slower at lower limits (the simulated clock does not depend on it
 
 A shared simulated GPU (:class:`SimulatedSharedGpu`, two jobs time-sliced) paces the two trainings while they
 run; the pair's wrapper then reads its figures on the same simulated clock, from each job's work, the device's
-kept speeds and the shared power (:func:`carbonflow.execution.shared._on_simulated_clock`).
+kept speeds and the shared power (:func:`carbonflow.execution.pair_wrapper._on_simulated_clock`).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from functools import cache
 from importlib import resources
 
 from carbonflow.contract import SIM_SLOWDOWN_ENV, sim_slowdown_text
+from carbonflow.domain import SimulatedGpuSpec
 from carbonflow.energy.device import Device
 from carbonflow.energy.errors import EnergyError
-from carbonflow.models import SimulatedGpuSpec
 
 SLOWDOWN_ENV = SIM_SLOWDOWN_ENV
 """Environment variable carrying the simulated GPU's slowdown factor to the training child."""
@@ -468,7 +468,7 @@ class SimulatedSharedGpu(_ClockedGpu):
 
     The two trainings it paces run for real on the host's CPUs, which they also share: what the host
     adds is not the GPU's. The pair's wrapper reports :attr:`kept_speeds` as the pair's kept speeds and
-    measures the host's contention apart (:mod:`carbonflow.execution.shared`).
+    measures the host's contention apart (:mod:`carbonflow.execution.pair_wrapper`).
     """
 
     def __init__(

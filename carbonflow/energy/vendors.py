@@ -17,9 +17,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from carbonflow.domain import SimulatedGpuSpec
 from carbonflow.energy.device import Device
 from carbonflow.energy.errors import EnergyError
-from carbonflow.models import SimulatedGpuSpec
 
 logger = logging.getLogger(__name__)
 

@@ -32,10 +32,10 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from carbonflow.domain import JobSpec, Plan, UtcDatetime, utcnow
 from carbonflow.execution.errors import RunTimedOut
-from carbonflow.execution.shared import SharedRequest, SharedRun
+from carbonflow.execution.pair_wrapper import SharedRequest, SharedRun
 from carbonflow.execution.wrapper import WrappedRun
-from carbonflow.models import JobSpec, Plan, UtcDatetime, utcnow
 
 HANDLE_FORMAT_VERSION = 1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from carbonflow.contract import BATCH_SIZE_ENV, CONTAINERS_ENV, EPOCHS_ENV, JOB_NAME_ENV, MODE_ENV, STEPS_ENV
-from carbonflow.models import Config, JobSpec
+from carbonflow.domain import Config, JobSpec
 
 WORKLOAD_MODULES: dict[str, str] = {
     "digits_cnn": "carbonflow.workloads.digits_cnn",

@@ -4,7 +4,7 @@
 "the first N" — and ``pinned_env`` pins the training to exactly those through their vendor's variable
 (:mod:`carbonflow.energy.vendors`; NVIDIA: ``CUDA_VISIBLE_DEVICES`` by UUID, so no enumeration order can point
 it elsewhere). ``start_child`` starts the training in its own process
-group under a guard (:mod:`carbonflow.execution.guard`) that takes every process the training started down
+group under a guard (:mod:`carbonflow.execution.process_guard`) that takes every process the training started down
 when the training ends or the wrapper dies by any signal, even SIGKILL, and keeps the GPUs leased until it has.
 The guard starts clean (an isolated interpreter, an empty environment, ``/`` as its working directory); the
 training's environment reaches only the training, through a pipe.
@@ -28,7 +28,7 @@ from carbonflow.energy.vendors import vendor_of
 from carbonflow.execution.errors import GpuUnavailable
 from carbonflow.settings import gpu_wait_s, training_owner
 
-GUARD_PATH = Path(__file__).with_name("guard.py")
+GUARD_PATH = Path(__file__).with_name("process_guard.py")
 """Run by path: the guard imports nothing of carbonflow (nor of its dependencies)."""
 GUARD_FLAGS = ("-I", "-S")
 """Isolated (no ``PYTHON*`` variable, no user site, no working directory or script folder on ``sys.path``) and
@@ -104,7 +104,7 @@ def start_child(
     *,
     capture_output: bool = False,
 ) -> GuardedChild:
-    """Start the training under its guard (:mod:`carbonflow.execution.guard`) as a new process group.
+    """Start the training under its guard (:mod:`carbonflow.execution.process_guard`) as a new process group.
 
     The guard dies with the wrapper and takes every process of the training with it; it and the training hold
     the GPUs' leases meanwhile. Only the training gets ``env`` and ``cwd`` (default: the wrapper's; sent on a

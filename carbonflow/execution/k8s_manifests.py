@@ -45,8 +45,8 @@ from carbonflow.contract import (
     ZEUSD_SOCK_ENV,
     check_job_env,
 )
+from carbonflow.domain import JobSpec, Plan
 from carbonflow.execution.signing import RESULT_KEY_ENV
-from carbonflow.models import JobSpec, Plan
 from carbonflow.settings import K8S_SETTINGS_ENV, k8s_settings_json
 
 LABEL_APP = "app.kubernetes.io/name"

@@ -43,6 +43,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from carbonflow.contract import GPU_INDEX_MAP_ENV, POWER_JOURNAL_DIR_ENV, ZEUSD_SOCK_ENV
+from carbonflow.domain import ForecastPoint, JobSpec, Plan, RunResult
 from carbonflow.execution.backend import RunHandle, RunOptions, RunStatus, run_options
 from carbonflow.execution.errors import RunFailed
 from carbonflow.execution.k8s_manifests import (
@@ -54,10 +55,9 @@ from carbonflow.execution.k8s_manifests import (
     ManifestBuilder,
     validate_manifest,
 )
-from carbonflow.execution.shared import SharedRequest
+from carbonflow.execution.pair_wrapper import SharedRequest
 from carbonflow.execution.signing import NOT_SIGNED, find_signed_payload, new_result_key
 from carbonflow.execution.wrapper import MeasuredWindow, WrappedRun
-from carbonflow.models import ForecastPoint, JobSpec, Plan, RunResult
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from carbonflow.contract import without_credentials
+from carbonflow.domain import JobSpec, Plan
 from carbonflow.execution.backend import (
     RunHandle,
     RunOptions,
@@ -25,10 +26,9 @@ from carbonflow.execution.backend import (
 )
 from carbonflow.execution.commands import training_command
 from carbonflow.execution.errors import GPU_UNAVAILABLE_EXIT, GpuUnavailable, RunFailed
-from carbonflow.execution.shared import SharedRequest, SharedRun
+from carbonflow.execution.pair_wrapper import SharedRequest, SharedRun
 from carbonflow.execution.signing import NOT_SIGNED, RESULT_KEY_ENV, ResultNotSigned, new_result_key, verified_payload
 from carbonflow.execution.wrapper import WrappedRun
-from carbonflow.models import JobSpec, Plan
 
 log = logging.getLogger(__name__)
 

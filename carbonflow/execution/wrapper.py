@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from carbonflow.contract import training_base_env
+from carbonflow.domain import Config, DeviceEnergy, JobSpec, Plan, UtcDatetime, utcnow
 from carbonflow.energy.discovery import discover_devices
 from carbonflow.energy.lease import GpuLeaseSet
 from carbonflow.energy.monitor import EnergyMonitor, PowerSampler
@@ -41,7 +42,6 @@ from carbonflow.execution.gpus import (
 )
 from carbonflow.execution.printed_lines import PatternProgress, own_streams
 from carbonflow.execution.signing import RESULT_LINE_PREFIX, result_line, sign_result, take_result_key
-from carbonflow.models import Config, DeviceEnergy, JobSpec, Plan, UtcDatetime, utcnow
 from carbonflow.progress_pattern import UNMATCHED_GRACE_S, unmatched_stop_note
 from carbonflow.training import (
     MAX_STEPS_ENV,

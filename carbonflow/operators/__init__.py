@@ -10,15 +10,15 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from carbonflow.operators.carbon_aware_training import CarbonAwareTrainingOperator
     from carbonflow.operators.delivery import DeliverHeldRunsOperator
     from carbonflow.operators.night import NightPlanOperator, PairProfileOperator
     from carbonflow.operators.params import ValidateJobsOperator
     from carbonflow.operators.profile import EnergyProfileOperator
-    from carbonflow.operators.training import CarbonAwareTrainingOperator
 
 _WHERE = {
     "DeliverHeldRunsOperator": "carbonflow.operators.delivery",
-    "CarbonAwareTrainingOperator": "carbonflow.operators.training",
+    "CarbonAwareTrainingOperator": "carbonflow.operators.carbon_aware_training",
     "EnergyProfileOperator": "carbonflow.operators.profile",
     "NightPlanOperator": "carbonflow.operators.night",
     "PairProfileOperator": "carbonflow.operators.night",

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from carbonflow.models import JobSpec
+from carbonflow.domain import JobSpec
 from carbonflow.session.source import CarbonSource, replay_enabled
 from carbonflow.session.state import WaitState
 from carbonflow.settings import home_dir

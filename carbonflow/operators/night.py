@@ -21,9 +21,9 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, task
 
+from carbonflow.domain import JobSpec, Profile, parse_job, utcnow
 from carbonflow.energy.lease import safe_name
 from carbonflow.execution.backend import make_backend
-from carbonflow.models import JobSpec, Profile, parse_job, utcnow
 from carbonflow.operators.common import carbon_source, home, with_connection_env
 from carbonflow.session.clock import DEFAULT_DEADLINE_TIME_UTC
 from carbonflow.session.night import can_share, gpu_groups, pairs_to_profile, plan_night_batch, sharing_words

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from carbonflow.domain import JobSpec, Profile, parse_job, utcnow
 from carbonflow.energy.lease import safe_name
 from carbonflow.execution.backend import Backend, RunHandle, make_backend
-from carbonflow.models import JobSpec, Profile, parse_job, utcnow
 from carbonflow.operators.common import home, with_connection_env
 from carbonflow.operators.triggers import BackendRunTrigger
 

@@ -38,7 +38,7 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "integration-name": "carbonflow",
                 "python-modules": [
-                    "carbonflow.operators.training",
+                    "carbonflow.operators.carbon_aware_training",
                     "carbonflow.operators.profile",
                     "carbonflow.operators.night",
                 ],

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from carbonflow.models import Config, JobSpec, Profile, ProfilePoint
+from carbonflow.domain import Config, JobSpec, Profile, ProfilePoint
 from carbonflow.planning.candidate import Candidate
 from carbonflow.planning.learning import JobHistory, RealisedRun
 

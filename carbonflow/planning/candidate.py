@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from carbonflow.models import Config, ProfilePoint
+from carbonflow.domain import Config, ProfilePoint
 
 
 @dataclass(frozen=True)

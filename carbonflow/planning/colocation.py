@@ -40,7 +40,7 @@ from datetime import datetime, timedelta
 import numpy as np
 
 from carbonflow.carbon.windows import held_window_means, slot_boundaries_s
-from carbonflow.models import Config, EnergyLabel, Forecast, ForecastPoint, JobSpec, Plan, Profile, parse_objective
+from carbonflow.domain import Config, EnergyLabel, Forecast, ForecastPoint, JobSpec, Plan, Profile, parse_objective
 from carbonflow.planning.batch_size import batch_size_explorer, batch_size_of, deadline_epochs, point_power_w
 from carbonflow.planning.learning import JobHistory, slowdown_from_kept_speed
 from carbonflow.planning.objectives import Reference, objective_for

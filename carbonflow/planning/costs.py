@@ -12,7 +12,7 @@ Metrics (E in J, T in s, all relative to a reference run where one is needed):
   k → ∞ pure energy; EDS(ref) = 1;
 * "percentage energy gain − percentage time loss" ``100·(E_ref−E)/E_ref − 100·(T−T_ref)/T_ref``;
 * Zeus's cost ``η·E + (1−η)·MAXPOWER·T`` (You et al., NSDI 2023), MAXPOWER in W;
-* carbon ``∫ P(t)·CI(t) dt`` over the planned window, from a :class:`carbonflow.models.Forecast`
+* carbon ``∫ P(t)·CI(t) dt`` over the planned window, from a :class:`carbonflow.domain.Forecast`
   (constant power over the run, so it is ``E × mean CI over [start, start+T]``).
 
 Window means of a forecast come from :mod:`carbonflow.carbon.windows` (the one start search and its series).
@@ -26,7 +26,7 @@ from datetime import datetime
 import numpy as np
 
 from carbonflow.carbon.windows import held_window_means
-from carbonflow.models import Forecast
+from carbonflow.domain import Forecast
 from carbonflow.planning.objectives import (
     EDP,
     EDS,

@@ -45,7 +45,7 @@ from datetime import datetime
 
 import numpy as np
 
-from carbonflow.models import Plan, RunResult, key_without_group
+from carbonflow.domain import Plan, RunResult, key_without_group
 
 
 def slowdown_from_kept_speed(kept: float) -> float:

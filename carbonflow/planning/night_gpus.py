@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 import numpy as np
 
 from carbonflow.carbon.windows import held_window_means, search_starts
-from carbonflow.models import Forecast, JobSpec, Plan, Profile
+from carbonflow.domain import Forecast, JobSpec, Plan, Profile
 from carbonflow.planning.batch_size import deadline_epochs
 from carbonflow.planning.capacity import CapacityLedger
 from carbonflow.planning.learning import JobHistory

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from carbonflow.models import parse_objective
+from carbonflow.domain import parse_objective
 
 
 @dataclass(frozen=True)

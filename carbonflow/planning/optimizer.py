@@ -72,7 +72,7 @@ import numpy as np
 
 from carbonflow.accounting.saving import saving_fraction, saving_phrase
 from carbonflow.carbon.windows import StartSearch, search_starts
-from carbonflow.models import (
+from carbonflow.domain import (
     PROFILE_NOISE,
     Config,
     Forecast,

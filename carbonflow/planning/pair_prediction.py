@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from carbonflow.models import Profile
+from carbonflow.domain import Profile
 
 MIN_KEPT_SPEED = 0.05
 """Predictions are clipped to [MIN_KEPT_SPEED, 1]: a job never runs faster next to another than alone."""

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from carbonflow.domain import PROFILE_NOISE, Config, JobSpec, Plan, Profile, ProfilePoint, utcnow
 from carbonflow.energy.device import Device
 from carbonflow.execution.backend import RunOptions
-from carbonflow.execution.shared import SharedMember, SharedRequest, SharedRun, contention_note
+from carbonflow.execution.pair_wrapper import SharedMember, SharedRequest, SharedRun, contention_note
 from carbonflow.execution.wrapper import SHORT_WINDOW, WINDOW_TOO_SHORT, MeasuredWindow, WrappedRun
-from carbonflow.models import PROFILE_NOISE, Config, JobSpec, Plan, Profile, ProfilePoint, utcnow
 from carbonflow.progress_pattern import UNMATCHED_NOTE, UNMATCHED_STOP_NOTE
 
 if TYPE_CHECKING:

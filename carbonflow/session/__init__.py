@@ -1,7 +1,7 @@
 """The run session: plan → wait state → launch → account → log, for one GPU group, without Airflow.
 
 A GPU group is one job alone or a co-located pair sharing one GPU. :class:`RunSession` does the
-application work; the Airflow operator (:mod:`carbonflow.operators.training`) only defers on the
+application work; the Airflow operator (:mod:`carbonflow.operators.carbon_aware_training`) only defers on the
 session's :class:`WaitState` and resumes it. Tests drive the session directly.
 """
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from carbonflow.models import RunResult
+from carbonflow.domain import RunResult
 
 TAIL_LINES = 10
 """Last output lines of the command shown in a crashed training's error."""

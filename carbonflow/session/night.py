@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from carbonflow.models import Forecast, JobSpec, Plan, Profile
+from carbonflow.domain import Forecast, JobSpec, Plan, Profile
 from carbonflow.session.clock import DEFAULT_DEADLINE_TIME_UTC, next_deadline
 from carbonflow.session.source import CarbonSource
 from carbonflow.session.state import NightPair, NightPlan
@@ -186,7 +186,7 @@ def _pair_guards(
     pair_profiles: Sequence[Any], history: Any,
 ) -> dict[str, float]:  # fmt: skip
     """Each measured pair's early-observation guard: below this kept speed a member is separated."""
-    from carbonflow.planning.guard import min_kept_speeds
+    from carbonflow.planning.early_observation import min_kept_speeds
     from carbonflow.planning.optimizer import predict_candidates
 
     guards: dict[str, float] = {}

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from carbonflow import settings
+from carbonflow.domain import Config, Forecast, JobSpec, Plan, Profile, RunResult
 from carbonflow.energy.lease import safe_name
-from carbonflow.models import Config, Forecast, JobSpec, Plan, Profile, RunResult
 from carbonflow.session.clock import SessionClock
 from carbonflow.session.source import CarbonSource
 from carbonflow.session.state import GroupMember, NightPlan, WaitState
@@ -349,7 +349,7 @@ class RunSession:
 
     def _launch_pair(self, state: WaitState, clock: SessionClock) -> GroupOutcome:
         """Both jobs on one GPU under one lease; a job the early observation separates then runs alone."""
-        from carbonflow.execution.shared import SEPARATED_EXIT_CODE, SharedRequest
+        from carbonflow.execution.pair_wrapper import SEPARATED_EXIT_CODE, SharedRequest
         from carbonflow.profiling.profiler import pair_member
 
         members = [pair_member(m.job, m.plan, _profile(m), m.min_kept_speed) for m in state.members]

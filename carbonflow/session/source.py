@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from carbonflow import settings
-from carbonflow.models import Forecast, ForecastPoint
+from carbonflow.domain import Forecast, ForecastPoint
 from carbonflow.session.clock import SessionClock
 
 REPLAY_ENV = settings.REPLAY_ENV

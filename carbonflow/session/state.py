@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from carbonflow.models import EnergyLabel, Forecast, JobSpec, Plan, Profile, UtcDatetime
+from carbonflow.domain import EnergyLabel, Forecast, JobSpec, Plan, Profile, UtcDatetime
 
 WAIT_STATE_VERSION = 2
 """1: carbonflow 0.1.0's untyped dict (no version field); 2: this model."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from carbonflow.models import Forecast, ForecastPoint, SignalKind
+from carbonflow.domain import Forecast, ForecastPoint, SignalKind
 from carbonflow.units import J_PER_KWH
 
 

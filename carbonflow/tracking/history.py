@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Literal
 
-from carbonflow.models import Profile, key_without_group
+from carbonflow.domain import Profile, key_without_group
 from carbonflow.tracking import schema
 from carbonflow.tracking.spool import pending
 from carbonflow.tracking.uri import (

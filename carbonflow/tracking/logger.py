@@ -13,7 +13,7 @@ from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 
-from carbonflow.models import Forecast, ForecastPoint, JobSpec, Plan, Profile, RunResult, utcnow
+from carbonflow.domain import Forecast, ForecastPoint, JobSpec, Plan, Profile, RunResult, utcnow
 from carbonflow.tracking import schema
 from carbonflow.tracking.plots import forecast_plot, pareto_plot
 from carbonflow.tracking.records import ArtifactFile, RegistryRequest, RunRecord, TrackingOutcome

@@ -6,7 +6,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from carbonflow.models import Forecast, ForecastPoint, Plan, Profile, RunResult
+from carbonflow.domain import Forecast, ForecastPoint, Plan, Profile, RunResult
 from carbonflow.units import emissions_unit_for, energy_unit_for
 
 if TYPE_CHECKING:

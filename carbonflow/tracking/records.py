@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from carbonflow.models import UtcDatetime, utcnow
+from carbonflow.domain import UtcDatetime, utcnow
 
 
 class _Record(BaseModel):

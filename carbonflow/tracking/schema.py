@@ -19,7 +19,7 @@ from carbonflow.accounting.energy import (
     M_SHARING_ENERGY_J,
     M_SHARING_LOST_S,
 )
-from carbonflow.models import OBJECTIVES_HELP
+from carbonflow.domain import OBJECTIVES_HELP
 
 EXPERIMENT_PREFIX = "carbonflow/"
 MODEL_NAME_PREFIX = "carbonflow-"

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from carbonflow.models import utcnow
+from carbonflow.domain import utcnow
 from carbonflow.tracking.records import ArtifactFile, RunRecord, SpoolEntryMeta, TrackingOutcome
 from carbonflow.tracking.uri import carbonflow_home, resolve_tracking_uri, server_reachable, short_http_timeouts
 

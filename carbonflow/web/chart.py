@@ -10,7 +10,7 @@ import math
 from datetime import datetime, timedelta
 from html import escape
 
-from carbonflow.models import Forecast, Plan
+from carbonflow.domain import Forecast, Plan
 
 WIDTH = 960
 HEIGHT = 320

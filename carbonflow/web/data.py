@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from carbonflow.models import Forecast, Plan
+from carbonflow.domain import Forecast, Plan
 from carbonflow.settings import CARBON_MODE_ENV, UI_REGION_ENV, carbon_mode, replay_text, ui_region_text
 from carbonflow.tracking import schema
 from carbonflow.units import J_PER_KWH

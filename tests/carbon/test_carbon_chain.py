@@ -17,7 +17,7 @@ from carbonflow.carbon.providers import ElectricityMapsProvider, HttpSettings, W
 from carbonflow.carbon.regions import all_regions, resolve_region
 from carbonflow.carbon.replay import ReplayProvider
 from carbonflow.carbon.windows import choose_start
-from carbonflow.models import Forecast, ForecastPoint
+from carbonflow.domain import Forecast, ForecastPoint
 
 FIX = Path(__file__).parent / "fixtures"
 FAST = HttpSettings(timeout_s=0.5, retries=1, backoff_s=0.0)

@@ -16,7 +16,7 @@ from carbonflow.carbon.windows import (
     mean_intensity_gco2_per_kwh,
     shrink_toward_profile,
 )
-from carbonflow.models import Forecast, ForecastPoint
+from carbonflow.domain import Forecast, ForecastPoint
 
 T0 = datetime(2023, 3, 15, 0, 0, tzinfo=UTC)
 

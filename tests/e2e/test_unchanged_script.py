@@ -119,7 +119,7 @@ def test_an_unchanged_script_that_only_prints_epochs_runs_two_nights_from_a_job_
 
     from mlflow import MlflowClient
 
-    from carbonflow.dev import training_log_of
+    from carbonflow.dag_test import training_log_of
     from carbonflow.tracking import schema as s
 
     uri = f"sqlite:///{folder / '.carbonflow' / 'mlflow.db'}"

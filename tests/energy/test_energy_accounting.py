@@ -20,9 +20,9 @@ from carbonflow.accounting.energy import (
     split_shared_gpu_energy_j,
     total_energy_j,
 )
+from carbonflow.domain import ForecastPoint, SimulatedGpuSpec
 from carbonflow.energy.monitor import EnergyMonitor
 from carbonflow.energy.simulated import SimulatedGpu
-from carbonflow.models import ForecastPoint, SimulatedGpuSpec
 
 T0 = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
+from carbonflow.domain import SimulatedGpuSpec
 from carbonflow.energy.cpu import CpuDevice
 from carbonflow.energy.monitor import EnergyMonitor, PowerSampler
 from carbonflow.energy.simulated import SimulatedGpu
-from carbonflow.models import SimulatedGpuSpec
 
 
 class FakeClock:

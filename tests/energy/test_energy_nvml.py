@@ -7,10 +7,10 @@ import time
 
 import pytest
 
+from carbonflow.domain import SimulatedGpuSpec
 from carbonflow.energy import applied_power_limit, discover_devices
 from carbonflow.energy.errors import EnergyError, NvmlUnavailable, PowerLimitNotPermitted
 from carbonflow.energy.nvml import nvml_devices, nvml_init
-from carbonflow.models import SimulatedGpuSpec
 
 
 def test_units_converted_mj_to_j_and_mw_to_w(fake_nvml):

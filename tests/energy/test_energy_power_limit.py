@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from carbonflow.domain import SimulatedGpuSpec
 from carbonflow.energy.errors import PowerLimitRestoreFailed
 from carbonflow.energy.nvml import nvml_devices
 from carbonflow.energy.power_limit import applied_power_limit, restore_from_journal
 from carbonflow.energy.simulated import SimulatedGpu
-from carbonflow.models import SimulatedGpuSpec
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_DIR = Path(__file__).parent / "fake_pynvml"

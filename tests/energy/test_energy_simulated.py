@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from carbonflow.domain import SimulatedGpuSpec
 from carbonflow.energy.errors import EnergyError
 from carbonflow.energy.simulated import SLOWDOWN_ENV, SimulatedGpu, ZeusPowerModel, slowdown_from_env, workloads
-from carbonflow.models import SimulatedGpuSpec
 
 DATA = Path(__file__).resolve().parents[2] / "carbonflow" / "energy" / "data"
 SHARED = Path("/work/shared/data/zeus")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from carbonflow.models import Config, JobSpec, Plan
+from carbonflow.domain import Config, JobSpec, Plan
 from tests.fakes.node import wait_for as _wait_for
 
 REPO = Path(__file__).resolve().parents[2]

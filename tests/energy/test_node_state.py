@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from carbonflow import settings
+from carbonflow.domain import Config, JobSpec, Plan
 from carbonflow.energy.lease import safe_name
 from carbonflow.energy.nvml import nvml_devices
 from carbonflow.energy.power_limit import applied_power_limit, gpu_journal_path, restore_from_journal
-from carbonflow.models import Config, JobSpec, Plan
 from carbonflow.settings import NodeDirsSplit, home_dir, node_dirs, node_state_dir
 from tests.fakes.node import wait_for
 

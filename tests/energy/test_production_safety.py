@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from carbonflow.domain import Config, JobSpec, Plan
 from carbonflow.energy.nvml import nvml_devices
 from carbonflow.energy.power_limit import applied_power_limit, gpu_journal_path
 from carbonflow.energy.zeusd import ZeusdClient
-from carbonflow.models import Config, JobSpec, Plan
 from tests.fakes.fake_zeusd import serve_fake_zeusd
 from tests.fakes.node import wait_for as _wait_for
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from carbonflow.domain import SimulatedGpuSpec
 from carbonflow.energy.simulated import SimulatedGpu, ZeusPowerModel
 from carbonflow.execution.wrapper import _feed_work, _set_busy, _simulated_window_s
-from carbonflow.models import SimulatedGpuSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -31,8 +31,8 @@ from fakes.node import FakeNode, alive, started, wait_for
 from pydantic import ValidationError
 
 from carbonflow.contract import protected_env_problem, training_base_env
+from carbonflow.domain import Config, JobSpec, Plan
 from carbonflow.execution.gpus import start_child
-from carbonflow.models import Config, JobSpec, Plan
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # world-executable, as in a container image (the venv's lives under /root)
 SECRETS = {
@@ -188,7 +188,7 @@ def test_guard_never_imports_a_jobs_sitecustomize(planted, monkeypatch: pytest.M
     training = [SYSTEM_PYTHON, "-c", "import time; time.sleep(1.5)"]
     child = start_child(training, env, None, cwd=str(working_dir))
     try:
-        wait_for(lambda: "guard.py" in Path(f"/proc/{child.pid}/cmdline").read_text(errors="replace"), 10)
+        wait_for(lambda: "process_guard.py" in Path(f"/proc/{child.pid}/cmdline").read_text(errors="replace"), 10)
         guard_env = _environ(child.pid)
         assert child.wait(timeout=30) == 0
     finally:

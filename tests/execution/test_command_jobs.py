@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from carbonflow.domain import Config, JobSpec, Plan
 from carbonflow.execution.commands import resolved_command, samples_per_epoch, training_command
 from carbonflow.execution.local import LocalBackend
-from carbonflow.models import Config, JobSpec, Plan
 
 # A user's script: it reads its work from carbonflow's environment and reports progress by JSON lines.
 SCRIPT = r"""

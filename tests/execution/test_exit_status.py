@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from carbonflow.domain import Config, JobSpec, Plan
 from carbonflow.execution.backend import RunOptions
 from carbonflow.execution.errors import GPU_UNAVAILABLE_EXIT, shell_exit_status
 from carbonflow.execution.local import LocalBackend
-from carbonflow.models import Config, JobSpec, Plan
 
 pytestmark = pytest.mark.timeout(120)
 

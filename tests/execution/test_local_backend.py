@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from carbonflow.accounting.run import to_run_result
+from carbonflow.domain import Config, ForecastPoint, JobSpec, Plan
 from carbonflow.execution.local import LocalBackend
-from carbonflow.models import Config, ForecastPoint, JobSpec, Plan
 
 # A training job in "any language": it appends JSON lines to $CARBONFLOW_PROGRESS_FILE, honours
 # $CARBONFLOW_MAX_STEPS and $CARBONFLOW_STOP_FILE, and stretches its steps by the simulated GPU's

@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 
 import pytest
 
+from carbonflow.domain import Config, JobSpec, Plan
 from carbonflow.execution.backend import Backend, RunHandle, RunOptions, wait
 from carbonflow.execution.errors import ExecutionError, RunFailed
 from carbonflow.execution.local import LocalBackend
-from carbonflow.models import Config, JobSpec, Plan
 
 REPORTS = (
     "import json, os, sys, time, pathlib\n"

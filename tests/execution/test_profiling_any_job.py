@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from carbonflow.domain import JobSpec
 from carbonflow.execution.local import LocalBackend
-from carbonflow.models import JobSpec
 from carbonflow.profiling.profiler import ProfilingError, profile_job
 
 FAST_STEPS = (

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from carbonflow.domain import Config, JobSpec, Plan
 from carbonflow.execution.local import LocalBackend
 from carbonflow.execution.printed_lines import PatternProgress
-from carbonflow.models import Config, JobSpec, Plan
 from carbonflow.profiling.profiler import ProfilingError, profile_job
 from carbonflow.progress_pattern import (
     MAX_LINE_CHARS,

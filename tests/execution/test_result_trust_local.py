@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from carbonflow.domain import Config, JobSpec, Plan
 from carbonflow.execution.backend import RunHandle, RunOptions, wait
 from carbonflow.execution.errors import RunFailed
 from carbonflow.execution.local import LocalBackend
-from carbonflow.execution.shared import SharedMember, SharedRequest
+from carbonflow.execution.pair_wrapper import SharedMember, SharedRequest
 from carbonflow.execution.signing import NOT_SIGNED, RESULT_KEY_ENV, new_result_key, sign_result, verified_payload
-from carbonflow.models import Config, JobSpec, Plan
 from carbonflow.workloads.catalog import DIGITS_CNN
 
 CNN = DIGITS_CNN["simulated_gpu"]

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from carbonflow.domain import Config, JobSpec, Plan, SimulatedGpuSpec, utcnow
 from carbonflow.energy.device import Device
 from carbonflow.energy.errors import EnergyError
 from carbonflow.energy.simulated import SHARED_POWER_FACTOR, SimulatedSharedGpu, ZeusPowerModel, pair_kept_speeds
 from carbonflow.execution.local import LocalBackend
-from carbonflow.execution.shared import SEPARATED_EXIT_CODE, SharedMember, SharedRequest
-from carbonflow.models import Config, JobSpec, Plan, SimulatedGpuSpec, utcnow
+from carbonflow.execution.pair_wrapper import SEPARATED_EXIT_CODE, SharedMember, SharedRequest
 from carbonflow.planning.colocation import pair_timeline
-from carbonflow.planning.guard import min_kept_speeds
+from carbonflow.planning.early_observation import min_kept_speeds
 from carbonflow.tracking.schema import (
     M_HOST_PACE_FRACTION as M_HOST_PACE,
 )
@@ -259,7 +259,7 @@ def test_a_real_gpu_pair_keeps_its_observed_speeds(tmp_path: Path) -> None:
     """Not simulated: the observed speeds are the truth; no host pace, no contention note."""
     from carbonflow.energy.cpu import CpuDevice
     from carbonflow.execution.commands import training_command
-    from carbonflow.execution.shared import _run_shared_on
+    from carbonflow.execution.pair_wrapper import _run_shared_on
 
     members = [
         _member(DIGITS_CNN, solo_throughput_samples_per_s=1e6, solo_power_w=200.0, min_kept_speed=0.9),
@@ -285,8 +285,8 @@ def test_a_real_gpu_pair_keeps_its_observed_speeds(tmp_path: Path) -> None:
 def test_a_pair_members_energy_is_its_share_counted_once() -> None:
     """A shared device's ``energy_j`` is already the member's part: the run's totals must not apply the share again."""
     from carbonflow.accounting.run import to_run_result
+    from carbonflow.domain import DeviceEnergy
     from carbonflow.execution.wrapper import WrappedRun
-    from carbonflow.models import DeviceEnergy
 
     member = _member(DIGITS_CNN)
     devices = [

@@ -16,8 +16,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from carbonflow.domain import Config, JobSpec, Plan
 from carbonflow.energy.power_limit import gpu_journal_path
-from carbonflow.models import Config, JobSpec, Plan
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_NVML_DIR = REPO / "tests" / "energy" / "fake_pynvml"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from carbonflow.accounting.run import to_run_result
+from carbonflow.domain import Config, JobSpec, Plan
 from carbonflow.execution.local import LocalBackend
-from carbonflow.models import Config, JobSpec, Plan
 from carbonflow.profiling.profiler import profile_job
 from carbonflow.tracking import schema
 from carbonflow.tracking.logger import log_training_run

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from fake_kube_api import ContainerOutcome, ContainerView, FakeKubeApi
 
+from carbonflow.domain import Config, DeviceEnergy, ForecastPoint, JobSpec, Plan
 from carbonflow.execution.k8s_manifests import KubernetesSettings
 from carbonflow.execution.kubernetes import (
     KubernetesBackend,
@@ -18,7 +19,6 @@ from carbonflow.execution.kubernetes import (
 )
 from carbonflow.execution.signing import RESULT_KEY_ENV, new_result_key, result_line, sign_result
 from carbonflow.execution.wrapper import WrappedRun
-from carbonflow.models import Config, DeviceEnergy, ForecastPoint, JobSpec, Plan
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,8 +17,8 @@ from airflow.sdk.exceptions import TaskDeferred
 from fake_kube_api import ContainerOutcome, ContainerView, FakeKubeApi
 from test_k8s_backend import container_result, signed
 
-from carbonflow.models import Config, Profile, ProfilePoint
-from carbonflow.operators.training import CarbonAwareTrainingOperator
+from carbonflow.domain import Config, Profile, ProfilePoint
+from carbonflow.operators.carbon_aware_training import CarbonAwareTrainingOperator
 from carbonflow.operators.triggers import BackendRunTrigger, CarbonWindowTrigger
 
 T0 = datetime(2023, 3, 14, 19, 0, tzinfo=UTC)  # inside the shipped NESO GB replay
@@ -126,7 +126,7 @@ def test_a_failed_pod_fails_the_resumed_task_with_its_exit_reason(tmp_path) -> N
 
 def _night(api: FakeKubeApi) -> dict[str, Any]:
     """A night plan that puts two GPU jobs on one time-sliced GPU at 200 W (what NightPlanOperator returns)."""
-    from carbonflow.models import JobSpec, Plan
+    from carbonflow.domain import JobSpec, Plan
 
     jobs, plans = {}, {}
     for name, other in (("pod-a", "pod-b"), ("pod-b", "pod-a")):
@@ -181,7 +181,7 @@ def test_a_colocated_pair_runs_as_two_pods_on_one_shared_gpu_and_sets_its_limit_
 
 
 def _plan_limit(view: ContainerView) -> float | None:
-    from carbonflow.models import Plan
+    from carbonflow.domain import Plan
 
     limit = Plan.model_validate_json(view.files["/etc/carbonflow/plan.json"]).config.power_limit_w
     return None if limit is None else int(limit)

@@ -16,10 +16,10 @@ import pytest
 from fake_kube_api import ContainerOutcome, FakeKubeApi
 from kubernetes import client, config
 
+from carbonflow.domain import Config, JobSpec, Plan
 from carbonflow.execution.backend import RunOptions
 from carbonflow.execution.k8s_manifests import KubernetesSettings
 from carbonflow.execution.kubernetes import KubernetesBackend, KubernetesRunError
-from carbonflow.models import Config, JobSpec, Plan
 from tests.fakes.node import wait_for as _wait
 
 pytestmark = pytest.mark.timeout(60)

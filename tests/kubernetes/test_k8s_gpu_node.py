@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from fake_gpu_node import CAN_DROP_USERS, FakeGpuNode, fake_cluster
 
+from carbonflow.domain import Config, JobSpec, Plan
 from carbonflow.execution.k8s_manifests import KubernetesSettings
 from carbonflow.execution.kubernetes import KubernetesBackend, KubernetesRunError
-from carbonflow.models import Config, JobSpec, Plan
 from tests.fakes.node import wait_for as _wait
 
 pytestmark = pytest.mark.timeout(120)

@@ -10,13 +10,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from carbonflow.domain import Config, JobSpec, Plan, SimulatedGpuSpec
 from carbonflow.execution.k8s_manifests import (
     COMPLETION_INDEX_ANNOTATION,
     KubernetesSettings,
     ManifestBuilder,
     validate_manifest,
 )
-from carbonflow.models import Config, JobSpec, Plan, SimulatedGpuSpec
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy" / "k8s"

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
+from carbonflow.domain import Config, JobSpec, Plan
 from carbonflow.execution.k8s_manifests import JOB_NAME_PREFIX, KubernetesSettings, ManifestBuilder
-from carbonflow.models import Config, JobSpec, Plan
 
 PROVIDER_LABELS = {"airflow_version", "airflow_kpo_in_cluster"}
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -20,8 +20,8 @@ from airflow.sdk.exceptions import TaskDeferred
 from fake_kube_api import ContainerOutcome, ContainerView, FakeKubeApi
 from test_k8s_backend import container_result, signed
 
+from carbonflow.domain import Config, Plan, Profile
 from carbonflow.execution.wrapper import MeasuredWindow
-from carbonflow.models import Config, Plan, Profile
 from carbonflow.operators.profile import EnergyProfileOperator
 from carbonflow.operators.triggers import BackendRunTrigger
 

@@ -23,7 +23,7 @@ from fake_gpu_node import FakeGpuNode
 from fake_kube_api import FakeKubeApi
 from test_k8s_deferral import _db_state, _pod_phase, _value
 
-from carbonflow.models import Profile
+from carbonflow.domain import Profile
 from carbonflow.workloads.catalog import DIGITS_CNN
 
 pytestmark = pytest.mark.timeout(300)

@@ -19,6 +19,7 @@ from fake_gpu_node import CAN_DROP_USERS, fake_cluster
 from fake_kube_api import ContainerOutcome, ContainerView, FakeKubeApi
 from test_k8s_backend import backend_for_path, container_result, make_plan, make_spec
 
+from carbonflow.domain import Config, DeviceEnergy, JobSpec, Plan
 from carbonflow.execution.k8s_manifests import KubernetesSettings
 from carbonflow.execution.kubernetes import KubernetesRunError
 from carbonflow.execution.signing import (
@@ -29,7 +30,6 @@ from carbonflow.execution.signing import (
     sign_result,
 )
 from carbonflow.execution.wrapper import WrappedRun
-from carbonflow.models import Config, DeviceEnergy, JobSpec, Plan
 from tests.fakes.node import wait_for
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from fake_kube_api import ContainerOutcome, ContainerView, FakeKubeApi
 
+from carbonflow.domain import Config, JobSpec, Plan
 from carbonflow.execution.k8s_manifests import KubernetesSettings
 from carbonflow.execution.kubernetes import KubernetesBackend
-from carbonflow.models import Config, JobSpec, Plan
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from carbonflow.models import Config, Profile, ProfilePoint
+from carbonflow.domain import Config, Profile, ProfilePoint
+from carbonflow.operators.carbon_aware_training import CarbonAwareTrainingOperator
 from carbonflow.operators.night import NightPlanOperator, can_share
-from carbonflow.operators.training import CarbonAwareTrainingOperator
 from carbonflow.planning.colocation import PairProfile
 from carbonflow.workloads.catalog import DIGITS_CNN, DIGITS_CNN_WIDE_BATCH
 
@@ -83,7 +83,7 @@ def _context(xcoms: dict[str, Any], run_id: str, clear_number: int = 0) -> dict[
 
 
 def test_jobs_that_can_never_share_say_why() -> None:
-    from carbonflow.models import JobSpec
+    from carbonflow.domain import JobSpec
 
     a = JobSpec.model_validate(_job(DIGITS_CNN, "a"))
     other_region = JobSpec.model_validate({**_job(DIGITS_CNN_WIDE_BATCH, "b"), "region": "DE"})
@@ -155,7 +155,7 @@ def test_a_task_given_one_job_of_a_pair_says_how_to_map_over_groups() -> None:
 
 
 def test_gpu_groups_list_each_pair_once_by_start() -> None:
-    from carbonflow.models import Plan
+    from carbonflow.domain import Plan
     from carbonflow.operators.night import gpu_groups
 
     def plan(job: str, hours: float, partner: str | None = None) -> Plan:

@@ -9,7 +9,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from carbonflow.models import Config, JobSpec, Profile, ProfilePoint
+from carbonflow.domain import Config, JobSpec, Profile, ProfilePoint
 from carbonflow.session import RunSession, SessionClock
 from carbonflow.session.source import CarbonSource
 

@@ -18,11 +18,11 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 from pydantic import ValidationError
 
+from carbonflow.domain import Config, JobSpec, Plan
 from carbonflow.execution.backend import RunHandle
 from carbonflow.execution.local import LocalBackend
-from carbonflow.models import Config, JobSpec, Plan
+from carbonflow.operators.carbon_aware_training import CarbonAwareTrainingOperator
 from carbonflow.operators.common import state_with_connection_env, with_connection_env
-from carbonflow.operators.training import CarbonAwareTrainingOperator
 from carbonflow.session import SessionClock, WaitState
 from carbonflow.session.state import GroupMember
 

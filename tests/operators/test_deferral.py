@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from carbonflow.carbon.replay import ReplayProvider
 from carbonflow.carbon.traces import load_trace
-from carbonflow.models import Config, JobSpec, Plan, Profile, ProfilePoint
-from carbonflow.operators.training import CarbonAwareTrainingOperator
+from carbonflow.domain import Config, JobSpec, Plan, Profile, ProfilePoint
+from carbonflow.operators.carbon_aware_training import CarbonAwareTrainingOperator
 from carbonflow.operators.triggers import CarbonWindowTrigger
 from carbonflow.session import CarbonSource, RunSession, SessionClock, WaitState
 from carbonflow.session.source import session_clock

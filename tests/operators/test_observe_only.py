@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from carbonflow.models import Config, JobSpec, Profile, ProfilePoint
+from carbonflow.domain import Config, JobSpec, Profile, ProfilePoint
 from carbonflow.operators.night import can_share
 from carbonflow.session import RunSession, SessionClock
 from carbonflow.session.source import CarbonSource

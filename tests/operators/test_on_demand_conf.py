@@ -159,7 +159,7 @@ def test_a_trigger_within_the_limits_runs_the_authors_job_with_its_overrides(on_
     conf = {"job": "digits-cnn", "epochs": 3, "batch_size": 64, "finish_by": finish_by.isoformat(),
             "objective": "energy", "observe_only": True, "region": "DE", "max_slowdown": 0.5}  # fmt: skip
     pushed = _run_validate(on_demand, conf)
-    from carbonflow.models import JobSpec
+    from carbonflow.domain import JobSpec
 
     spec = JobSpec.model_validate_json(pushed[REQUESTED_KEY])
     assert (spec.epochs, spec.objective, spec.observe_only, spec.region, spec.finish_by) == (

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from carbonflow.domain import Config, DeviceEnergy, Plan, RunResult
 from carbonflow.energy.power_limit import RESTORE_FAILED
 from carbonflow.execution.errors import PowerLimitNotRestored
-from carbonflow.models import Config, DeviceEnergy, Plan, RunResult
+from carbonflow.operators.carbon_aware_training import CarbonAwareTrainingOperator
 from carbonflow.operators.common import tell
 from carbonflow.operators.delivery import DeliverHeldRunsOperator
-from carbonflow.operators.training import CarbonAwareTrainingOperator
 from carbonflow.session.run import GroupOutcome, JobOutcome
 
 START = datetime(2023, 3, 14, 22, 0, tzinfo=UTC)
@@ -122,7 +122,7 @@ def test_ranks_that_each_trained_the_whole_data_set_are_told_not_silently_logged
     """User trial: with 2 containers each rank trained the full data set; the profile showed 5.6× the speed of
     one container and the plan a 94 % saving, with nothing said. A run reporting clearly more samples than
     ``epochs × samples_per_epoch`` now says why (in its notes and to ``on_warning_callback``)."""
-    from carbonflow.models import JobSpec
+    from carbonflow.domain import JobSpec
     from carbonflow.session.run import MORE_WORK, more_work_than_asked
 
     spec = JobSpec(name="mlp", command=["python", "train.py"], epochs=8, samples_per_epoch=1437, region="GB",
@@ -142,7 +142,7 @@ def test_ranks_that_repeat_the_data_are_caught_by_their_steps_too() -> None:
     """Second user trial: a DDP script without a sampler that reported only rank 0's samples (8,960 for a job of
     8,520) passed unnoticed although rank 0 ran 280 steps where 134 do the work. Steps count too, and a script
     that shares its work — partial last batches included — is not flagged."""
-    from carbonflow.models import JobSpec
+    from carbonflow.domain import JobSpec
     from carbonflow.session.run import more_work_than_asked
 
     spec = JobSpec(name="ddp", command=["python", "t.py"], epochs=20, samples_per_epoch=426, batch_size=32,

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import carbonflow.operators.triggers as triggers_module
-from carbonflow.models import Config, JobSpec, Plan
+from carbonflow.domain import Config, JobSpec, Plan
 from carbonflow.operators.triggers import BackendRunTrigger, CarbonWindowTrigger, KubernetesRunTrigger
 from carbonflow.session import GroupMember, WaitState
 from carbonflow.workloads.catalog import DIGITS_CNN

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
-from carbonflow.models import Config, Forecast, ForecastPoint, JobSpec, Profile, ProfilePoint
+from carbonflow.domain import Config, Forecast, ForecastPoint, JobSpec, Profile, ProfilePoint
 from carbonflow.planning import RealisedRun
 
 NOW = datetime(2024, 3, 1, 18, 0, tzinfo=UTC)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from carbonflow.carbon.calibration import provider_error, sample_biased
-from carbonflow.models import Forecast, ForecastPoint
+from carbonflow.domain import Forecast, ForecastPoint
 from carbonflow.units import J_PER_KWH
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from carbonflow.models import Forecast, ForecastPoint
+from carbonflow.domain import Forecast, ForecastPoint
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks" / "chase.py"

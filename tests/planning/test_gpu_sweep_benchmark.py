@@ -190,7 +190,7 @@ def test_sweep_limits_span_the_gpu_range_highest_first():
 
 def test_profile_error_compares_gpu_energy_only():
     """Finding: the profiler's energy per sample adds the wrapper's CPU estimate; the sweep reads the GPU counter."""
-    from carbonflow.models import Config, ProfilePoint
+    from carbonflow.domain import Config, ProfilePoint
 
     bench = _bench()
     point = ProfilePoint(
@@ -240,12 +240,17 @@ def test_solo_runs_reuse_the_sweep_window_when_the_budget_is_short():
 
 
 def test_hardware_nvml_calls_exist_in_nvidia_ml_py():
-    """The calls only a real GPU makes (clocks, per-process utilisation, driver version) are nvidia-ml-py's."""
-    import pynvml
+    """The calls only a real GPU makes (clocks, per-process utilisation, driver version) are nvidia-ml-py's.
+
+    Asked in a fresh interpreter: other tests put the fake NVML node in ``sys.modules["pynvml"]``."""
+    import subprocess
+    import sys
 
     calls = ["nvmlDeviceGetClockInfo", "NVML_CLOCK_SM", "nvmlDeviceGetProcessUtilization", "nvmlSystemGetDriverVersion",
              "nvmlDeviceSetGpuLockedClocks", "nvmlDeviceResetGpuLockedClocks"]  # fmt: skip
-    assert [name for name in calls if not hasattr(pynvml, name)] == []
+    probe = f"import pynvml; print([n for n in {calls!r} if not hasattr(pynvml, n)])"
+    missing = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert missing.strip() == "[]"
 
 
 @pytest.mark.parametrize("name", ["resnet50_bf16", "transformer_small"])

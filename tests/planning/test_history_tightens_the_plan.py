@@ -12,7 +12,7 @@ from planning_factories import NOW, make_forecast, make_profile, make_spec
 from planning_factories import make_target_run as _run
 
 from carbonflow.carbon.windows import held_window_means, search_starts
-from carbonflow.models import ForecastPoint
+from carbonflow.domain import ForecastPoint
 from carbonflow.planning import JobHistory
 from carbonflow.planning.batch_size import (
     DEADLINE_EPOCH_MARGIN,

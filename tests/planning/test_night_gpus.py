@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from planning_factories import NOW, make_forecast
 
-from carbonflow.models import Config, Forecast, JobSpec, Plan, Profile
+from carbonflow.domain import Config, Forecast, JobSpec, Plan, Profile
 from carbonflow.planning.night_gpus import fit_plans_to_gpus, gpu_groups
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "night_scale.py"

@@ -11,8 +11,8 @@ from carbonflow.accounting.run import to_run_result
 from carbonflow.accounting.saving import format_saving, saving_fraction
 from carbonflow.carbon.windows import mean_intensity_gco2_per_kwh
 from carbonflow.demo import saving_cell
+from carbonflow.domain import DeviceEnergy
 from carbonflow.execution.wrapper import WrappedRun
-from carbonflow.models import DeviceEnergy
 from carbonflow.planning import plan_job
 from carbonflow.tracking import schema
 from carbonflow.web.app import _runs_table

@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 from planning_factories import NOW, make_forecast, make_profile, make_spec
 
-from carbonflow.models import Plan
+from carbonflow.domain import Plan
 from carbonflow.planning import PairProfile, RealisedRun, plan_night
 from carbonflow.planning.learning import JobHistory
 

@@ -12,7 +12,7 @@ from planning_factories import NOW, make_forecast, make_profile, make_spec
 from planning_factories import make_target_run as _target_run
 
 from carbonflow.carbon.windows import held_window_means
-from carbonflow.models import Config, JobSpec
+from carbonflow.domain import Config, JobSpec
 from carbonflow.planning import (
     DeadlineError,
     JobHistory,

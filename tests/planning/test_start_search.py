@@ -11,7 +11,7 @@ import pytest
 
 from carbonflow.carbon import windows
 from carbonflow.carbon.windows import choose_start, search_starts
-from carbonflow.models import Forecast, ForecastPoint
+from carbonflow.domain import Forecast, ForecastPoint
 from carbonflow.planning import colocation, optimizer
 from carbonflow.simulation import policies
 

@@ -3,7 +3,7 @@ A real-GPU job then sweeps its own ``power_limits_w`` (the wrapper in the pod ap
 
 from __future__ import annotations
 
-from carbonflow.models import JobSpec
+from carbonflow.domain import JobSpec
 from carbonflow.profiling.profiler import candidate_power_limits_w
 
 

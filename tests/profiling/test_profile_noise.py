@@ -8,8 +8,8 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from carbonflow.domain import Config, JobSpec, Profile, ProfilePoint
 from carbonflow.execution.local import LocalBackend
-from carbonflow.models import Config, JobSpec, Profile, ProfilePoint
 from carbonflow.planning.optimizer import decidable_profile, plan_job
 from carbonflow.profiling.profiler import noise_note, profile_job
 

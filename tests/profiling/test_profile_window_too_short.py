@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from carbonflow.domain import JobSpec, SimulatedGpuSpec
 from carbonflow.energy.simulated import ZeusPowerModel
 from carbonflow.execution.local import LocalBackend
 from carbonflow.execution.wrapper import WINDOW_TOO_SHORT
-from carbonflow.models import JobSpec, SimulatedGpuSpec
 from carbonflow.profiling.profiler import ProfileWindowTooShort, profile_job
 
 SMALL_JOB = """

@@ -19,6 +19,7 @@ from carbonflow.carbon.base import DEFAULT_HORIZON_S, NotConfigured
 from carbonflow.carbon.chain import default_chain
 from carbonflow.carbon.credentials import connection_types, credentials_from_connection
 from carbonflow.carbon.providers import ConnectionType, register_provider, unregister_provider
+from carbonflow.domain import Config, Forecast, ForecastPoint, JobSpec, Plan, SimulatedGpuSpec
 from carbonflow.energy.device import Device
 from carbonflow.energy.discovery import discover_devices
 from carbonflow.energy.vendors import register_gpu_vendor, unregister_gpu_vendor
@@ -36,7 +37,6 @@ from carbonflow.execution.backend import (
 )
 from carbonflow.execution.errors import ExecutionError
 from carbonflow.execution.local import LocalBackend
-from carbonflow.models import Config, Forecast, ForecastPoint, JobSpec, Plan, SimulatedGpuSpec
 
 NOW = datetime(2026, 11, 26, 18, 0, tzinfo=UTC)
 

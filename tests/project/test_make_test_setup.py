@@ -80,7 +80,7 @@ def test_readme_fits_200_lines_and_its_example_validates(tmp_path):
     tree = ast.parse(block)
     job_assign = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "JOB")
     job = ast.literal_eval(job_assign.value)
-    from carbonflow.models import JobSpec
+    from carbonflow.domain import JobSpec
 
     spec = JobSpec.model_validate(job)  # the finding: the README's example failed in the train task
     assert spec.samples_per_epoch and spec.epochs

@@ -279,14 +279,14 @@ if __name__ == "__main__":
 def test_the_objective_grammar_is_written_once() -> None:
     """models.OBJECTIVE_PATTERN is the grammar; the DAGs' Params and the MLflow schema derive from it (issue #22:
     it was written three times, in models.py, the nightly DAG and tracking/schema.py)."""
-    from carbonflow.models import OBJECTIVE_PARAM_PATTERN, parse_objective
+    from carbonflow.domain import OBJECTIVE_PARAM_PATTERN, parse_objective
 
     written = [
         str(path.relative_to(REPO))
         for path in [*PACKAGE.rglob("*.py"), *(REPO / "dags").rglob("*.py")]
         if re.search(r"eds:[(\[]", path.read_text(encoding="utf-8"))
     ]
-    assert written == ["carbonflow/models.py"], written
+    assert written == ["carbonflow/domain.py"], written
     for objective in ("carbon", "energy", "time", "edp", "eds:2", "zeus:0.5"):
         assert re.match(OBJECTIVE_PARAM_PATTERN, objective)
         parse_objective(objective)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from carbonflow.models import Config, JobSpec, Profile, ProfilePoint
+from carbonflow.domain import Config, JobSpec, Profile, ProfilePoint
 from carbonflow.planning.colocation import PairProfile
 from carbonflow.session.night import pairs_to_profile, plan_night_batch
 from carbonflow.session.source import CarbonSource

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from carbonflow.accounting.run import to_run_result
+from carbonflow.domain import Config, JobSpec, Plan, PlanAlternative
 from carbonflow.execution.local import LocalBackend
-from carbonflow.models import Config, JobSpec, Plan, PlanAlternative
 from carbonflow.session.crash import crash_report, exit_status_text, last_output_lines
 from carbonflow.session.run import JobOutcome
 from carbonflow.tracking import schema

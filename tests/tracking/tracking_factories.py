@@ -1,10 +1,10 @@
-"""Real carbonflow.models objects for the tracking tests (the demo produces the same types)."""
+"""Real carbonflow.domain objects for the tracking tests (the demo produces the same types)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from carbonflow.models import (
+from carbonflow.domain import (
     Config,
     DeviceEnergy,
     Forecast,

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from carbonflow.carbon.replay import ReplayProvider
-from carbonflow.models import Config, DeviceEnergy, JobSpec, Plan, RunResult
+from carbonflow.domain import Config, DeviceEnergy, JobSpec, Plan, RunResult
 from carbonflow.tracking.logger import log_training_run
 from carbonflow.web.app import create_app, render_page
 from carbonflow.web.data import (

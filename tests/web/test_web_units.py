@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-from carbonflow.models import Config, Plan
+from carbonflow.domain import Config, Plan
 from carbonflow.web.app import render_page
 from carbonflow.web.data import PageData, RunRow, UpcomingJob
 
@@ -41,7 +41,7 @@ def test_pareto_plot_axes_use_units_py_not_a_fixed_kj_and_g(tmp_path, monkeypatc
     """The run's Pareto PNG (MLflow artifact) labelled a CPU job's 0.5 J as 0.0005 kJ and 0.02 mg as 2e-05 g."""
     from matplotlib.figure import Figure
 
-    from carbonflow.models import PlanAlternative
+    from carbonflow.domain import PlanAlternative
     from carbonflow.tracking.plots import pareto_plot
 
     labels: list[str] = []
@@ -62,7 +62,7 @@ def test_pareto_plot_axes_use_units_py_not_a_fixed_kj_and_g(tmp_path, monkeypatc
 
 def test_observe_only_reason_writes_emissions_through_units_py() -> None:
     """An observe-only run's reason (the summary's and the Carbon page's "why") wrote 2.08e-05 g CO2e."""
-    from carbonflow.models import JobSpec, PlanAlternative
+    from carbonflow.domain import JobSpec, PlanAlternative
     from carbonflow.session.run import observed
     from carbonflow.session.state import GroupMember
 

@@ -11,7 +11,7 @@ from typing import Any
 from carbonflow.carbon.base import DEFAULT_HORIZON_S, NotConfigured, ProviderUnavailable, parse_utc, require_utc
 from carbonflow.carbon.providers.http import HttpProvider, HttpSettings, slot_points
 from carbonflow.carbon.providers.registry import ConnectionType, register_provider
-from carbonflow.models import Forecast, SignalKind
+from carbonflow.domain import Forecast, SignalKind
 
 
 @register_provider(

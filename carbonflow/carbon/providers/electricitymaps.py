@@ -10,7 +10,7 @@ from typing import Any
 from carbonflow.carbon.base import DEFAULT_HORIZON_S, NotConfigured, ProviderUnavailable, parse_utc, require_utc
 from carbonflow.carbon.providers.http import HttpProvider, HttpSettings, slot_points
 from carbonflow.carbon.providers.registry import ConnectionType, register_provider
-from carbonflow.models import Forecast, ForecastPoint, SignalKind
+from carbonflow.domain import Forecast, ForecastPoint, SignalKind
 
 
 def _intensity_pairs(body: object, key: str, region: str) -> list[tuple[datetime, object]]:

@@ -23,7 +23,7 @@ from carbonflow.carbon.base import (
     ProviderUnavailable,
     floor_to,
 )
-from carbonflow.models import ForecastPoint
+from carbonflow.domain import ForecastPoint
 
 log = logging.getLogger(__name__)
 USER_AGENT = "carbonflow (+https://github.com/carbonflow)"

@@ -16,7 +16,7 @@ from carbonflow.carbon.base import (
 )
 from carbonflow.carbon.providers.http import HttpProvider, HttpSettings, slot_points
 from carbonflow.carbon.providers.registry import ConnectionType, register_provider
-from carbonflow.models import Forecast, ForecastPoint, SignalKind
+from carbonflow.domain import Forecast, ForecastPoint, SignalKind
 
 
 def _fmt_neso(when: datetime) -> str:

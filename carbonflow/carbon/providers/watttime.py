@@ -15,7 +15,7 @@ import requests
 from carbonflow.carbon.base import DEFAULT_HORIZON_S, NotConfigured, ProviderUnavailable, parse_utc, require_utc
 from carbonflow.carbon.providers.http import HttpProvider, HttpSettings, make_session, slot_points
 from carbonflow.carbon.providers.registry import ConnectionType, register_provider
-from carbonflow.models import Forecast, SignalKind
+from carbonflow.domain import Forecast, SignalKind
 
 LBS_PER_MWH_TO_G_PER_KWH = 0.45359237
 

@@ -1,6 +1,6 @@
 """The training's guard: the process between the wrapper and the training that takes the training down with it.
 
-``python -I -S guard.py SETUP_FD REPORT_FD -- CMD...`` runs in the training's process group (the wrapper starts
+``python -I -S process_guard.py SETUP_FD REPORT_FD -- CMD...`` runs in the training's process group (the wrapper starts
 it as the group's leader). It starts clean: an isolated interpreter (``-I``: no ``PYTHON*`` variable, no user
 site, neither its working directory nor its own folder on ``sys.path``; ``-S``: no ``site``, so no ``.pth``
 file runs), an empty environment and ``/`` as its working directory, so nothing of the job — no
@@ -19,7 +19,7 @@ stop) is left to the training; SIGUSR1 from the wrapper means "kill everything n
 On shared nodes the training runs as an unprivileged user without supplementary groups (the setup's
 ``uid``/``gid``): the user's command then cannot reach zeusd's socket or the power-limit journals.
 
-Imports only the standard library and is run by path, not as ``carbonflow.execution.guard``: it starts in
+Imports only the standard library and is run by path, not as ``carbonflow.execution.process_guard``: it starts in
 milliseconds and imports nothing of carbonflow (or of its dependencies).
 """
 
@@ -43,7 +43,7 @@ SWEEP_POLL_S = 0.01
 
 def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
-        print("usage: python -I -S guard.py SETUP_FD REPORT_FD -- CMD...", file=sys.stderr)
+        print("usage: python -I -S process_guard.py SETUP_FD REPORT_FD -- CMD...", file=sys.stderr)
         return 2
     setup, report_fd, command = _read_setup(int(argv[0])), int(argv[1]), argv[3:]
     parent = os.getppid()

@@ -49,6 +49,7 @@ from carbonflow.accounting.energy import (
     shared_gpu_shares,
     sharing_metrics,
 )
+from carbonflow.domain import JobSpec, Plan, utcnow
 from carbonflow.energy.lease import GpuLeaseSet
 from carbonflow.energy.monitor import EnergyMonitor, Measurement, PowerSampler
 from carbonflow.energy.power_limit import applied_power_limit
@@ -65,7 +66,6 @@ from carbonflow.execution.wrapper import (
     emit_result,
     training_env,
 )
-from carbonflow.models import JobSpec, Plan, utcnow
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from carbonflow import settings
+from carbonflow.domain import JobSpec, Profile, parse_job
 from carbonflow.energy.lease import safe_name
-from carbonflow.models import JobSpec, Profile, parse_job
 from carbonflow.operators.common import WarningCallback, carbon_source, home, state_with_connection_env, tell
 from carbonflow.operators.triggers import BackendRunTrigger, CarbonWindowTrigger
 from carbonflow.session import CarbonSource, RunSession, SessionClock, WaitState
