@@ -8,18 +8,16 @@ intensity point covers, and the result says so.
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from carbonflow.domain import ForecastPoint
 from carbonflow.units import J_PER_KWH
 
 if TYPE_CHECKING:
-    from carbonflow.energy.monitor import Measurement
+    pass
 
 
 @dataclass
@@ -102,59 +100,3 @@ def emissions_g(
     energy no intensity point covers; without it, uncovered energy is an error naming how much.
     """
     return emissions_breakdown(energy_intervals, intensity_points, fallback_gco2_per_kwh).emissions_g
-
-
-def codecarbon_annual_average_gco2_per_kwh(country: str) -> float:
-    """codecarbon's annual average grid intensity of a country (ISO 3166 alpha-2 or alpha-3, e.g. GB, DEU).
-
-    A last-resort fallback: it ignores the hour, the season and the grid region.
-    """
-    from codecarbon.input import DataSource
-
-    code = country.strip().upper().split("-")[0].split(":")[-1]
-    mix = DataSource().get_global_energy_mix_data()
-    if len(code) == 2:
-        try:
-            import pycountry
-
-            found = pycountry.countries.get(alpha_2=code)
-            code = found.alpha_3 if found else code
-        except ImportError:  # pragma: no cover - pycountry comes with codecarbon's dependencies
-            pass
-    if code not in mix:
-        raise ValueError(
-            f"country={country!r} has no codecarbon annual average; use an ISO 3166 country code such as GB or DEU"
-        )
-    return float(mix[code]["carbon_intensity"])
-
-
-def energy_intervals_from_measurement(measurement: Measurement) -> list[tuple[datetime, datetime, float]]:
-    """One interval covering the window with all its energy (spread evenly over it by ``emissions_g``)."""
-    return [(measurement.start_utc, measurement.end_utc, measurement.total_j)]
-
-
-def energy_intervals_from_trace(
-    csv_path: str | Path, device_ids: Sequence[str] | None = None
-) -> list[tuple[datetime, datetime, float]]:
-    """Intervals (start_utc, end_utc, energy_j) between successive samples of a ``PowerSampler`` trace.
-
-    Energy is the counter difference of each device between two of its samples (never negative),
-    summed over devices (optionally only ``device_ids``), so emissions follow the power over time.
-    """
-    last: dict[str, tuple[datetime, float]] = {}
-    buckets: dict[tuple[datetime, datetime], float] = {}
-    wanted = set(device_ids) if device_ids is not None else None
-    with Path(csv_path).open(newline="") as fh:
-        for row in csv.DictReader(fh):
-            dev = row["device_id"]
-            if wanted is not None and dev not in wanted:
-                continue
-            t = datetime.fromisoformat(row["timestamp_utc"])
-            energy = float(row["energy_j"])
-            if dev in last:
-                t0, e0 = last[dev]
-                if t > t0:
-                    key = (t0, t)
-                    buckets[key] = buckets.get(key, 0.0) + max(0.0, energy - e0)
-            last[dev] = (t, energy)
-    return [(a, b, e) for (a, b), e in sorted(buckets.items())]

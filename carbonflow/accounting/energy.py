@@ -93,14 +93,6 @@ def device_energies(
     return out
 
 
-def total_energy_j(energies: Sequence[DeviceEnergy]) -> tuple[float, list[str]]:
-    """Total over devices, each counted once, with the distinct labels it contains."""
-    by_id: dict[str, DeviceEnergy] = {}
-    for e in energies:
-        by_id.setdefault(e.device_id, e)
-    return sum(e.energy_j for e in by_id.values()), sorted({e.label for e in by_id.values()})
-
-
 @dataclass(frozen=True)
 class SoloProfile:
     """A co-located job's calibration: GPU power alone (W) and speed kept when paired (fraction)."""

@@ -23,7 +23,7 @@ import errno
 import fcntl
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -208,15 +208,3 @@ def _busy_message(candidates: Sequence[str], count: int, wait_s: float, director
         f"carbonflow runs: {', '.join(held)}. A GPU is never shared by accident; raise the wait "
         f"(CARBONFLOW_GPU_WAIT_S) or give the night fewer parallel runs (lease dir {directory})"
     )
-
-
-@contextlib.contextmanager
-def leased_gpus(
-    candidates: Sequence[str], count: int, *, wait_s: float = 0.0, directory: Path | None = None
-) -> Iterator[GpuLeaseSet]:
-    """Context manager form of :func:`acquire_gpus`; the leases are released on exit."""
-    lease = acquire_gpus(candidates, count, wait_s=wait_s, directory=directory)
-    try:
-        yield lease
-    finally:
-        lease.release()

@@ -53,20 +53,6 @@ class JobTrace:
     def gpu_seconds(self) -> float:
         return float(np.sum(self.duration_s * self.num_gpus))
 
-    def subset(self, mask: np.ndarray, note: str) -> JobTrace:
-        """The jobs where ``mask`` holds, keeping the origin."""
-        return JobTrace(
-            origin=self.origin,
-            submit_s=self.submit_s[mask],
-            duration_s=self.duration_s[mask],
-            num_gpus=self.num_gpus[mask],
-            vc=self.vc[mask],
-            vc_names=self.vc_names,
-            source=self.source,
-            label=self.label,
-            notes=[*self.notes, note],
-        )
-
 
 def _parse_time(value: str, row: int, path: Path) -> float:
     try:

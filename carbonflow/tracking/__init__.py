@@ -9,9 +9,7 @@ Modules (import them directly; this package imports nothing heavy so DAG parsing
     logger.log_profile(spec, profile, *, tracking_uri=None) -> TrackingOutcome
     history.latest_profile(job, device_model, code_version, max_age_s, now, *, tracking_uri=None) -> Profile | None
     history.realised_vs_predicted(job) -> list[RealisedVsPredicted]
-    history.pair_observations(job_a, job_b) -> list[PairObservation]
     history.job_history(jobs) -> carbonflow.planning.learning.JobHistory
-    history.recurrence_index(job) -> int
     spool.replay_spool(tracking_uri=None) -> int      # outage spool under <home>/spool, idempotent replay
     report.build_report(job, *, tracking_uri=None, png_path=None) -> ReportData; report.render_table(data)
 """

@@ -407,76 +407,6 @@ def _with_slowdowns(rows: list[RealisedVsPredicted]) -> list[RealisedVsPredicted
 # --- co-location --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class PairObservation:
-    """A run of ``job`` that shared its GPU with ``partner``, next to ``job``'s solo speed."""
-
-    job: str
-    partner: str
-    run_id: str | None
-    recurrence: int | None
-    finished_at: datetime
-    config_key: str
-    throughput_samples_per_s: float | None
-    solo_throughput_samples_per_s: float | None
-    observed_slowdown: float | None
-    duration_s: float
-    predicted_duration_s: float
-    energy_total_j: float
-
-
-def _pair_rows(job: str, partner: str, rows: list[RealisedVsPredicted]) -> list[PairObservation]:
-    solo: dict[str, list[float]] = {}
-    for row in rows:
-        if not row.colocated_with and row.succeeded and row.throughput_samples_per_s:
-            solo.setdefault(key_without_group(row.config_key), []).append(row.throughput_samples_per_s)
-    observations = []
-    for row in rows:
-        if partner not in row.colocated_with:
-            continue
-        base = solo.get(key_without_group(row.config_key))
-        observations.append(
-            PairObservation(
-                job=job,
-                partner=partner,
-                run_id=row.run_id,
-                recurrence=row.recurrence,
-                finished_at=row.finished_at,
-                config_key=row.config_key,
-                throughput_samples_per_s=row.throughput_samples_per_s,
-                solo_throughput_samples_per_s=statistics.median(base) if base else None,
-                observed_slowdown=row.observed_slowdown,
-                duration_s=row.duration_s,
-                predicted_duration_s=row.predicted_duration_s,
-                energy_total_j=row.energy_total_j,
-            )
-        )
-    return observations
-
-
-def pair_observations(
-    job_a: str,
-    job_b: str,
-    *,
-    tracking_uri: str | None = None,
-    spool_dir: Path | None = None,
-    strict: bool = False,
-) -> list[PairObservation]:
-    """Runs of ``job_a`` next to ``job_b`` and of ``job_b`` next to ``job_a``, oldest first.
-
-    ``observed_slowdown`` is the run's own early-observation metric when logged, otherwise the job's
-    median solo throughput at the same configuration over the co-located throughput, minus one (None
-    when the job never ran alone at that configuration).
-    """
-    if job_a == job_b:
-        raise ValueError(f"job_a and job_b are both {job_a!r}; a pair needs two different jobs")
-    out: list[PairObservation] = []
-    for job, partner in ((job_a, job_b), (job_b, job_a)):
-        rows = realised_vs_predicted(job, tracking_uri=tracking_uri, spool_dir=spool_dir, strict=strict)
-        out.extend(_pair_rows(job, partner, rows))
-    return sorted(out, key=lambda o: o.finished_at)
-
-
 def job_history(
     jobs: Iterable[str], *, tracking_uri: str | None = None, spool_dir: Path | None = None, strict: bool = False
 ):  # -> carbonflow.planning.learning.JobHistory
@@ -488,17 +418,3 @@ def job_history(
         rows = realised_vs_predicted(job, tracking_uri=tracking_uri, spool_dir=spool_dir, strict=strict)
         records.extend(row.to_planning_record() for row in rows if row.succeeded)
     return JobHistory(records)
-
-
-def recurrence_index(
-    job: str, *, tracking_uri: str | None = None, spool_dir: Path | None = None, strict: bool = False
-) -> int:
-    """The recurrence index the job's next training run gets: 1 + runs logged or waiting in the spool.
-
-    Indices are assigned when a run reaches MLflow (1 + the highest there), and spooled runs are written
-    oldest first before any new one, so this is exactly the index the next run will carry.
-    """
-    views = run_views(job, tracking_uri=tracking_uri, spool_dir=spool_dir, strict=strict)
-    highest = max((v.recurrence or 0 for v in views if v.source == "mlflow"), default=0)
-    waiting = sum(1 for v in views if v.source == "spool")
-    return highest + waiting + 1

@@ -367,12 +367,6 @@ def tasks_carbon_source() -> TasksCarbonSource:
     return TasksCarbonSource(source=source, mode=mode, why=why, notes=notes)
 
 
-def source_label(forecast: Forecast) -> str:
-    """How the page names a forecast's carbon source: the provider that answered (``static:codecarbon``,
-    ``replay:neso-gb-2023-03``, ``neso``...)."""
-    return forecast.provider
-
-
 def page_forecast(upcoming: list[UpcomingJob], region: str | None = None, now: datetime | None = None) -> Forecast:
     """The forecast to draw: the latest one a waiting job planned on (its region), else the one a task would get
     now from the tasks' own carbon source (:func:`tasks_carbon_source`), fallbacks included.

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -143,11 +142,6 @@ def _agreed_stop(local_stop: bool, world_size: int) -> bool:
     flag = torch.tensor([1 if local_stop else 0])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
-
-
-def steps_per_epoch(batch_size: int, containers: int = 1) -> int:
-    """Optimiser steps per epoch for a batch size per container."""
-    return math.ceil(math.ceil(SAMPLES_PER_EPOCH / containers) / batch_size)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from carbonflow.accounting.emissions import (
-    codecarbon_annual_average_gco2_per_kwh,
     emissions_breakdown,
     emissions_g,
 )
@@ -18,7 +17,6 @@ from carbonflow.accounting.energy import (
     device_energies,
     shared_gpu_shares,
     split_shared_gpu_energy_j,
-    total_energy_j,
 )
 from carbonflow.domain import ForecastPoint, SimulatedGpuSpec
 from carbonflow.energy.monitor import EnergyMonitor
@@ -53,8 +51,6 @@ def test_device_energies_labels_shares_and_no_double_count():
     assert out[1].energy_j == pytest.approx(0.25 * m.energy_j[gpus[1].id]) and out[1].share == 0.25
     assert any("shared device" in n for n in out[1].notes)
     assert out[0].power_limit_w == 250
-    total, labels = total_energy_j(out + out)
-    assert total == pytest.approx(out[0].energy_j + out[1].energy_j) and labels == ["simulated"]
     with pytest.raises(ValueError, match=r"shares\[.*\]=1.5"):
         device_energies(m, gpus, shares={gpus[0].id: 1.5})
 
@@ -128,31 +124,6 @@ def test_fallback_only_for_uncovered_time_and_said():
 def test_naive_datetimes_rejected():
     with pytest.raises(ValueError, match="has no time zone"):
         emissions_g([(datetime(2024, 1, 1), datetime(2024, 1, 1, 1), 1.0)], [])
-
-
-def test_codecarbon_annual_average_fallback():
-    gb = codecarbon_annual_average_gco2_per_kwh("GB")
-    assert gb == codecarbon_annual_average_gco2_per_kwh("GBR") > 0
-    assert codecarbon_annual_average_gco2_per_kwh("US-CAL-CISO") > 0
-    with pytest.raises(ValueError, match="country='XX'"):
-        codecarbon_annual_average_gco2_per_kwh("XX")
-
-
-def test_trace_intervals_follow_power_over_time(tmp_path):
-    from carbonflow.accounting.emissions import energy_intervals_from_trace
-
-    path = tmp_path / "trace.csv"
-    rows = ["timestamp_utc,device_id,label,power_w,energy_j"]
-    # GPU draws 1 kWh in the first half hour, nothing in the second; the CPU 0.5 kWh in each
-    for t, gpu_j, cpu_j in ((0, 0, 0), (30, 3.6e6, 1.8e6), (60, 3.6e6, 3.6e6)):
-        stamp = (T0 + timedelta(minutes=t)).isoformat()
-        rows += [f"{stamp},GPU-a,measured,0,{gpu_j}", f"{stamp},CPU-b,estimated,0,{cpu_j}"]
-    path.write_text("\n".join(rows) + "\n")
-    intervals = energy_intervals_from_trace(path)
-    assert [e for _, _, e in intervals] == [pytest.approx(5.4e6), pytest.approx(1.8e6)]
-    assert emissions_g(intervals, _points(100, 300)) == pytest.approx(1.5 * 100 + 0.5 * 300)
-    gpu_only = energy_intervals_from_trace(path, device_ids=["GPU-a"])
-    assert emissions_g(gpu_only, _points(100, 300)) == pytest.approx(100)
 
 
 def test_merge_measurements_counts_shared_devices_once():

@@ -9,7 +9,7 @@ import pytest
 import tracking_factories as f
 
 from carbonflow.tracking import schema
-from carbonflow.tracking.history import realised_vs_predicted, recurrence_index
+from carbonflow.tracking.history import realised_vs_predicted
 from carbonflow.tracking.logger import log_training_run, training_record
 from carbonflow.tracking.records import TrackingOutcome
 from carbonflow.tracking.spool import deliver, pending, replay_spool
@@ -37,7 +37,7 @@ def test_embedded_default_store_keeps_artifacts_under_home(home: Path, files: di
     }
     assert not (Path.cwd() / "mlruns").exists() or not any((Path.cwd() / "mlruns").iterdir())
     assert [r.run_id for r in realised_vs_predicted("digits")] == [outcome.run_id]
-    assert recurrence_index("digits") == 2
+    assert [r.recurrence for r in realised_vs_predicted("digits")] == [1]
 
 
 def test_bad_input_names_the_field(tmp_path: Path) -> None:
