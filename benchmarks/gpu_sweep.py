@@ -657,14 +657,14 @@ def predicted_pair(profiles: dict[str, Any], measured_kept: dict[str, float]) ->
     sys.path.insert(0, str(BENCH))
     from pair_prediction import gavel_outcomes, gavel_solo_features
 
-    from carbonflow.planning.pair_prediction import fit_pair_predictor, solo_features
+    from carbonflow.planning.pairs import fit_pair_predictor, solo_features
 
     predictor = fit_pair_predictor(gavel_solo_features(), gavel_outcomes())
     a, b = (dataclasses.replace(solo_features(prof), job=name) for name, prof in profiles.items())
     p = predictor.predict(a, b)
     predicted = {a.job: p.kept_speed_a, b.job: p.kept_speed_b}
     return {
-        "model": "carbonflow.planning.pair_prediction fitted on Gavel's measured V100 pairs",
+        "model": "carbonflow.planning.pairs' pair predictor fitted on Gavel's measured V100 pairs",
         "predicted_kept_speed": predicted, "measured_kept_speed": measured_kept,
         "abs_error": {n: abs(predicted[n] - measured_kept[n]) for n in predicted},
     }  # fmt: skip

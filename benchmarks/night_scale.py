@@ -17,7 +17,7 @@ intensity of the hour it runs (start of the night):
 
 * ``exhaustive`` — every pair that could share a GPU is profiled on the first night (1,225 pairs);
 * ``budgeted`` — carbonflow: pairs are predicted from the solo profiles and recorded outcomes
-  (``carbonflow.planning.pair_prediction``) and only the most promising unknown ones are profiled, at
+  (``carbonflow.planning.pairs``) and only the most promising unknown ones are profiled, at
   most ``--pair-budget`` pairs and ``--pair-budget-gpu-s`` GPU-seconds a night.
 
 Profiling is charged at durations **measured** by the product's own profiler (:func:`measure_profiling_seconds`:
@@ -60,7 +60,7 @@ from carbonflow.carbon.windows import held_window_means
 from carbonflow.domain import JobSpec, Plan, Profile
 from carbonflow.planning import JobHistory, PairProfile, plan_night
 from carbonflow.planning.night_gpus import deadline_factors, fit_plans_to_gpus, gpu_groups
-from carbonflow.planning.pair_prediction import (
+from carbonflow.planning.pairs import (
     PairOutcome,
     fit_pair_predictor,
     pairs_to_profile,

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from carbonflow.energy.simulated import GAVEL_PAIRS_CSV
-from carbonflow.planning.pair_prediction import PairOutcome, SoloFeatures, fit_pair_predictor
+from carbonflow.planning.pairs import PairOutcome, SoloFeatures, fit_pair_predictor
 from carbonflow.simulation import DeviceModel, load_pair_table
 
 ROOT = Path(__file__).resolve().parent

@@ -4,7 +4,7 @@
 (same region, one-container reference configuration, a GPU both can share) and records the speed
 each keeps and the GPU's power. Pairs that already ran together on earlier nights are predicted from
 that history instead. ``NightPlanOperator`` plans the whole batch with
-:func:`carbonflow.planning.colocation.plan_night` (power limit, containers, start and guarded
+:func:`carbonflow.planning.night.plan_night` (power limit, containers, start and guarded
 co-location, jointly) and hands each job's plan to its :class:`CarbonAwareTrainingOperator`.
 
 The work is the session's (:mod:`carbonflow.session.night`: which pairs to profile, the joint plan as a
@@ -76,7 +76,7 @@ class PairProfileOperator(BaseOperator):
         task id of one EnergyProfileOperator mapped over the jobs.
     :param max_pairs: / ``max_pair_gpu_s``: the night's pair-profiling budget (pair count, GPU-seconds at
         ``pair_profile_gpu_s`` each). Within it the most promising unknown pairs are profiled, ranked by the pair
-        predictor (:mod:`carbonflow.planning.pair_prediction`); the early-observation guard settles the rest.
+        predictor (:mod:`carbonflow.planning.pairs`); the early-observation guard settles the rest.
         None for both: every unknown pair.
     :param profile_steps: steps measured together (default: the smaller of the two jobs' ``profile_steps``).
     """
@@ -205,7 +205,7 @@ class NightPlanOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         """Pull the profiles and pair profiles, plan the night in the session; XCom: the NightPlan as JSON."""
-        from carbonflow.planning.colocation import PairProfile
+        from carbonflow.planning.pairs import PairProfile
 
         specs = _jobs(self.jobs)
         profiles = _profiles(context, self.profile_task_ids, specs)

@@ -1,7 +1,7 @@
 """carbonflow.planning: cost metrics, Pareto set, the joint optimiser, co-location and learning.
 
 Decides from inputs it is handed (JobSpec, Profile, Forecast, history records) and does no I/O.
-See the docstrings of :mod:`.costs`, :mod:`.optimizer`, :mod:`.colocation` and :mod:`.learning` for the
+See the docstrings of :mod:`.costs`, :mod:`.optimizer`, :mod:`.night`, :mod:`.pairs` and :mod:`.learning` for the
 signatures other parts call.
 """
 
@@ -15,16 +15,6 @@ from carbonflow.planning.capacity import (
     power_limit_with_delay_cost,
     waiting_slowdown_bound,
 )
-from carbonflow.planning.colocation import (
-    PairProfile,
-    Separation,
-    choose_colocation_pairs,
-    observed_slowdown,
-    pair_timeline,
-    plan_night,
-    predict_pair_slowdown,
-    separate_if_slow,
-)
 from carbonflow.planning.costs import (
     Reference,
     carbon_g,
@@ -35,7 +25,9 @@ from carbonflow.planning.costs import (
     pareto_front,
     zeus_cost,
 )
+from carbonflow.planning.early_observation import Separation, observed_slowdown, separate_if_slow
 from carbonflow.planning.learning import Correction, JobHistory, RealisedRun, RunCostModel
+from carbonflow.planning.night import choose_colocation_pairs, plan_night
 from carbonflow.planning.optimizer import (
     Candidate,
     DeadlineError,
@@ -45,6 +37,7 @@ from carbonflow.planning.optimizer import (
     predict_candidates,
     work_samples,
 )
+from carbonflow.planning.pairs import PairProfile, pair_timeline, predict_pair_slowdown
 
 __all__ = [
     "BatchSizeExplorer",

@@ -54,7 +54,8 @@ How a plan is made
   ``on_infeasible="raise"`` (default) raises :class:`DeadlineError` (a ValueError naming ``finish_by``) and
   ``on_infeasible="fastest"`` returns the fastest configuration starting now with a reason that begins
   ``DEADLINE AT RISK``. A deadline is never missed silently.
-* **One start search.** Starts come from :func:`carbonflow.carbon.windows.search_starts`, the same search
+* **One start search.** Starts come from :func:`carbonflow.carbon.windows.search_starts` (asked through
+  :mod:`carbonflow.planning.start_search`), the same search
   ``choose_start``, ``plan_night`` and the benchmarks use. Robustness has one meaning: given
   ``intensity_history`` (recent actuals), each forecast slot is shrunk toward the recent daily profile by its
   lead-time error variance before ranking; without it the forecast is taken at face value. Reported emissions
@@ -71,7 +72,7 @@ from typing import Literal
 import numpy as np
 
 from carbonflow.accounting.saving import saving_fraction, saving_phrase
-from carbonflow.carbon.windows import StartSearch, search_starts
+from carbonflow.carbon.windows import StartSearch
 from carbonflow.domain import (
     PROFILE_NOISE,
     Config,
@@ -98,6 +99,7 @@ from carbonflow.planning.costs import (
 )
 from carbonflow.planning.learning import JobHistory, RealisedRun, RunCostModel
 from carbonflow.planning.objectives import SlowdownConstraint, objective_for
+from carbonflow.planning.start_search import latest_starts, plan_starts, run_now_ci
 from carbonflow.units import J_PER_KWH, emissions_g_from, nearest_minute
 
 _EPS = 1e-9
@@ -317,8 +319,8 @@ def plan_job(
     objective, notes = _objective_tonight(spec, forecast)
     profile = decidable_profile(profile, notes)
     tonight = _candidates_tonight(spec, profile, history, now, early_stop, notes)  # candidates + predictions
-    latest, squeezed = _latest_starts(spec, forecast, now, tonight)
-    found = _start_search(forecast, now, tonight, latest, intensity_history)  # the one start search
+    latest, squeezed = latest_starts(spec, forecast, now, tonight.durations, tonight.within, tonight.margin)
+    found = plan_starts(forecast, now, tonight.durations, latest, intensity_history, tonight.notes)  # the one search
     choice = _choose(spec, forecast, now, tonight, latest, found, objective, on_infeasible)
     chosen = tonight.candidates[int(choice.cfg_idx[choice.best])]
     start = now + timedelta(seconds=float(choice.start_s[choice.best]))
@@ -421,47 +423,6 @@ def _candidates_tonight(
     return _Tonight(candidates, ref_c, ref, margin_all, notes)
 
 
-def _latest_starts(
-    spec: JobSpec, forecast: Forecast | None, now: datetime, tonight: _Tonight
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per candidate the latest start (s after now; < 0: cannot meet finish_by even now) and whether it was left
-    out for want of room for its likely most epochs."""
-    durations, within, n = tonight.durations, tonight.within, len(tonight.candidates)
-    squeezed = np.zeros(n, dtype=bool)
-    if spec.finish_by is not None:
-        finish_by_s = (spec.finish_by - now).total_seconds()
-        latest = finish_by_s - durations
-        margin = tonight.margin
-        if margin is not None:  # plan the latest start for the job's likely most epochs
-            roomy = durations * margin <= finish_by_s + _EPS
-            if np.any(roomy & within):  # configurations without room for them are left out
-                squeezed = (latest >= -_EPS) & ~roomy
-                latest = np.where(roomy, finish_by_s - durations * margin, -1.0)
-            else:  # none has room: start now
-                latest = np.where(latest >= -_EPS, np.maximum(0.0, finish_by_s - durations * margin), latest)
-        return latest, squeezed
-    if forecast is not None:
-        return np.maximum(0.0, (forecast.points[-1].end - now).total_seconds() - durations), squeezed
-    return np.zeros(n), squeezed
-
-
-def _start_search(
-    forecast: Forecast | None,
-    now: datetime,
-    tonight: _Tonight,
-    latest: np.ndarray,
-    intensity_history: Sequence[ForecastPoint] | None,
-) -> StartSearch:
-    """Candidate starts of every configuration: carbonflow's one start search (carbon.windows.search_starts)."""
-    latest_or_none = np.where(latest >= -_EPS, latest, -1.0)
-    if forecast is None:
-        return StartSearch(*_no_forecast_starts(latest_or_none), 0, 0.0)
-    found = search_starts(forecast, tonight.durations, now, latest_or_none, history=intensity_history, hold_edges=True)
-    if found.shrunk_slots:
-        tonight.notes.append("forecast checked against the recent daily profile (robust to lead-time error)")
-    return found
-
-
 def _choose(
     spec: JobSpec,
     forecast: Forecast | None,
@@ -485,7 +446,7 @@ def _choose(
             raise DeadlineError(msg)
         tonight.notes.insert(0, "DEADLINE AT RISK")
         cfg_idx, start_s = np.array([fastest]), np.array([0.0])
-        mean_ci = score_ci = np.array([_run_now_ci(forecast, now, float(durations[fastest]))])
+        mean_ci = score_ci = np.array([run_now_ci(forecast, now, float(durations[fastest]))])
         forced = True
     else:
         cfg_idx, start_s = found.run, found.start_s
@@ -519,7 +480,7 @@ def _alternative(c: Candidate, start: datetime, em_g: float, cost: float, ok: bo
 
 def _run_now_cost(forecast: Forecast | None, now: datetime, c: Candidate, objective: str, ref: Reference):
     """(emissions g, cost) of a candidate started now."""
-    em = emissions_g_from(c.energy_j, _run_now_ci(forecast, now, c.duration_s))
+    em = emissions_g_from(c.energy_j, run_now_ci(forecast, now, c.duration_s))
     cost = float(objective_for(objective).cost([c.energy_j], [c.duration_s], [em], ref)[0])
     return em, cost
 
@@ -568,20 +529,6 @@ def _baseline(
     em, cost = _run_now_cost(forecast, now, ref_c, objective, tonight.ref)
     ok = spec.finish_by is None or ref_c.duration_s <= (spec.finish_by - now).total_seconds() + _EPS
     return _alternative(ref_c, now, em, cost, ok, None if ok else "misses finish_by")
-
-
-def _run_now_ci(forecast: Forecast | None, now: datetime, duration_s: float) -> float:
-    """The forecast's mean intensity over a run started now (edges held; 0 without a forecast)."""
-    if forecast is None:
-        return 0.0
-    return float(search_starts(forecast, [duration_s], now, [0.0], hold_edges=True).mean_gco2_per_kwh[0])
-
-
-def _no_forecast_starts(latest: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Without a forecast every configuration that can still finish starts now, at intensity 0."""
-    run = np.flatnonzero(latest >= -_EPS)
-    zero = np.zeros(run.size)
-    return run, zero, zero, zero
 
 
 def _durations(candidates: Sequence[Candidate]) -> np.ndarray:

@@ -27,7 +27,7 @@ from carbonflow.execution.wrapper import SHORT_WINDOW, WINDOW_TOO_SHORT, Measure
 from carbonflow.progress_pattern import UNMATCHED_NOTE, UNMATCHED_STOP_NOTE
 
 if TYPE_CHECKING:
-    from carbonflow.planning.colocation import PairProfile
+    from carbonflow.planning.pairs import PairProfile
 
 log = logging.getLogger(__name__)
 
@@ -328,8 +328,8 @@ def profile_pair(
     simulated device's own (Gavel's pair speeds): the two real trainings share this machine's CPUs too, and
     that contention is logged apart (``host_pace``), never taken for the GPU's.
     """
-    from carbonflow.planning.colocation import PairProfile
     from carbonflow.planning.optimizer import default_point
+    from carbonflow.planning.pairs import PairProfile
 
     members = []
     limits = []

@@ -1,7 +1,7 @@
 """The night's batch, without Airflow: which pairs to profile together, then one joint plan of every job.
 
 :func:`pairs_to_profile` chooses the pairs of recurring jobs worth running together briefly tonight;
-:func:`plan_night_batch` plans the whole batch with :func:`carbonflow.planning.colocation.plan_night`
+:func:`plan_night_batch` plans the whole batch with :func:`carbonflow.planning.night.plan_night`
 (power limit, containers, start and guarded co-location, jointly), fits it onto the night's GPUs and
 returns a typed :class:`~carbonflow.session.state.NightPlan`. The operators
 (:mod:`carbonflow.operators.night`) only pull profiles from XCom, call these and push the answer back.
@@ -62,7 +62,7 @@ def pairs_to_profile(
     unknown = _unknown_pairs(specs, history, log)
     if max_pairs is None and max_pair_gpu_s is None:
         return unknown
-    from carbonflow.planning.pair_prediction import choose_pairs
+    from carbonflow.planning.pairs import choose_pairs
 
     chosen = choose_pairs(
         unknown, profiles, _history_outcomes(specs, history),
@@ -93,7 +93,7 @@ def _unknown_pairs(specs: Sequence[JobSpec], history: Any, log: Any) -> list[tup
 def _history_outcomes(specs: Sequence[JobSpec], history: Any) -> list:
     """Pairs that shared a GPU before, as kept speeds both ways (what the pair predictor learns from)."""
     from carbonflow.planning.learning import kept_speed_from_slowdown
-    from carbonflow.planning.pair_prediction import PairOutcome
+    from carbonflow.planning.pairs import PairOutcome
 
     out = []
     for a, b in itertools.combinations([s.name for s in specs], 2):
@@ -120,11 +120,11 @@ def plan_night_batch(
     """Plan the night's batch jointly (power limit, containers, start, co-location) from its profiles.
 
     A job without ``finish_by`` must finish by the next ``deadline_time_utc``. ``pair_profiles`` are the
-    pairs measured together tonight (:class:`~carbonflow.planning.colocation.PairProfile`); ``history`` the
+    pairs measured together tonight (:class:`~carbonflow.planning.pairs.PairProfile`); ``history`` the
     jobs' MLflow history (None: plan from the profiles alone); ``gpus`` the GPUs the batch shares (plans
     are fitted onto them, :func:`carbonflow.planning.night_gpus.fit_plans_to_gpus`; None: one per job).
     """
-    from carbonflow.planning.colocation import plan_night
+    from carbonflow.planning.night import plan_night
 
     if gpus is not None and gpus < 1:
         raise ValueError(f"gpus={gpus} is not allowed; give the number of GPUs the night may use (>= 1)")
@@ -240,8 +240,8 @@ def _why_alone(
     job: str, specs: Mapping[str, JobSpec], profiles: Mapping[str, Profile], pair_profiles: Sequence[Any], history: Any
 ) -> str:
     """For a job that was measured with a partner but runs alone: the predicted slowdowns that kept them apart."""
-    from carbonflow.planning.colocation import predict_pair_slowdown
     from carbonflow.planning.optimizer import predict_candidates
+    from carbonflow.planning.pairs import predict_pair_slowdown
 
     notes = []
     for pair in pair_profiles:

@@ -115,8 +115,8 @@ class NightPair(BaseModel):
     power_limit_w: float | None = None
 
     def profile(self) -> Any:
-        """The planner's :class:`~carbonflow.planning.colocation.PairProfile` (imported here: it needs numpy)."""
-        from carbonflow.planning.colocation import PairProfile
+        """The planner's :class:`~carbonflow.planning.pairs.PairProfile` (imported here: it needs numpy)."""
+        from carbonflow.planning.pairs import PairProfile
 
         return PairProfile(**self.model_dump())
 
@@ -157,7 +157,7 @@ class NightPlan(BaseModel):
         return self.model_dump(mode="json")
 
     def pair_profiles(self) -> list[Any]:
-        """The pairs as the planner's :class:`~carbonflow.planning.colocation.PairProfile`."""
+        """The pairs as the planner's :class:`~carbonflow.planning.pairs.PairProfile`."""
         return [pair.profile() for pair in self.pairs]
 
     @classmethod

@@ -22,8 +22,8 @@ from carbonflow.energy.errors import EnergyError
 from carbonflow.energy.simulated import SHARED_POWER_FACTOR, SimulatedSharedGpu, ZeusPowerModel, pair_kept_speeds
 from carbonflow.execution.local import LocalBackend
 from carbonflow.execution.pair_wrapper import SEPARATED_EXIT_CODE, SharedMember, SharedRequest
-from carbonflow.planning.colocation import pair_timeline
 from carbonflow.planning.early_observation import min_kept_speeds
+from carbonflow.planning.pairs import pair_timeline
 from carbonflow.tracking.schema import (
     M_HOST_PACE_FRACTION as M_HOST_PACE,
 )

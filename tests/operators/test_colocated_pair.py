@@ -17,7 +17,7 @@ import pytest
 from carbonflow.domain import Config, Profile, ProfilePoint
 from carbonflow.operators.carbon_aware_training import CarbonAwareTrainingOperator
 from carbonflow.operators.night import NightPlanOperator, can_share
-from carbonflow.planning.colocation import PairProfile
+from carbonflow.planning.pairs import PairProfile
 from carbonflow.workloads.catalog import DIGITS_CNN, DIGITS_CNN_WIDE_BATCH
 
 T0 = datetime(2023, 3, 14, 19, 0, tzinfo=UTC)  # inside the shipped NESO GB replay

@@ -9,9 +9,9 @@ import pytest
 from planning_factories import NOW, make_forecast, make_profile, make_spec
 
 from carbonflow.planning import PairProfile, RealisedRun, pair_timeline, plan_night, predict_pair_slowdown
-from carbonflow.planning.colocation import pair_timeline_with_fixed
 from carbonflow.planning.learning import JobHistory, kept_speed_from_slowdown, slowdown_from_kept_speed
 from carbonflow.planning.optimizer import predict_candidates
+from carbonflow.planning.pairs import pair_timeline_with_fixed
 
 ROW = [(250, 100.0, 120.0)]  # one configuration: 100 samples/s at 120 W (the reference a pair runs at)
 FIXED_S, FIXED_J = 300.0, 3_000.0  # start-up, data loading, evaluation: the same every run

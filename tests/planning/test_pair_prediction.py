@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from carbonflow.planning.pair_prediction import (
+from carbonflow.planning.pairs import (
     PairOutcome,
     PairPrediction,
     SoloFeatures,

@@ -12,7 +12,7 @@ import pytest
 from carbonflow.carbon import windows
 from carbonflow.carbon.windows import choose_start, search_starts
 from carbonflow.domain import Forecast, ForecastPoint
-from carbonflow.planning import colocation, optimizer
+from carbonflow.planning import night, optimizer, pairs, start_search
 from carbonflow.simulation import policies
 
 T0 = datetime(2024, 3, 1, 18, tzinfo=UTC)
@@ -69,10 +69,10 @@ def test_plan_job_and_choose_start_pick_the_same_start() -> None:
 
 
 def test_every_planner_path_calls_the_one_search() -> None:
-    for module in (optimizer, colocation, policies):
+    for module in (optimizer, night, pairs, policies):
         source = inspect.getsource(module)
         assert "IntensityIntegral" not in source and "choose_start_with_delay_cost" not in source
-    assert "_start_search(" in inspect.getsource(optimizer.plan_job)
-    assert "search_starts(" in inspect.getsource(optimizer._start_search)
+    assert "plan_starts(" in inspect.getsource(optimizer.plan_job)
+    assert "search_starts(" in inspect.getsource(start_search.plan_starts)
     assert "search_starts(" in inspect.getsource(windows.choose_start)
     assert "search_starts(" in inspect.getsource(policies)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from carbonflow.planning.colocation import PairProfile
+from carbonflow.planning.pairs import PairProfile
 from carbonflow.session import CarbonSource, RunSession
 from carbonflow.session.state import NIGHT_PLAN_VERSION, NightPlan
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from carbonflow.domain import Config, JobSpec, Profile, ProfilePoint
-from carbonflow.planning.colocation import PairProfile
+from carbonflow.planning.pairs import PairProfile
 from carbonflow.session.night import pairs_to_profile, plan_night_batch
 from carbonflow.session.source import CarbonSource
 from carbonflow.session.state import NightPlan

@@ -1,11 +1,10 @@
-"""Co-location of recurring jobs on one GPU (EaCO-style guard) and the night's batch plan.
+"""Two jobs sharing one GPU: the pair's timeline, its slowdown, its energy and score, the pair's plans, and the
+prediction of how fast two jobs run together from their solo profiles (for the pairs worth profiling).
 
 Pure and deterministic. Two jobs share one device by time-slicing; each keeps a fraction of its solo speed
-(``speed``, from a pair profile or the history). Co-location is chosen only when the predicted slowdown of
-*each* job stays inside its ``max_slowdown`` and both deadlines hold, and only when it saves on the jobs'
-objectives, scored by the selectors their solo plans are chosen by (:func:`_score_on_own_objectives`); after
-launch the early-observation check (:func:`separate_if_slow`) separates a pair whose measured slowdown breaks a
-bound.
+(``speed``, from a pair profile or the history). Which pairs share a night is chosen by
+:func:`carbonflow.planning.night.plan_night`; the early-observation check after launch is
+:mod:`carbonflow.planning.early_observation`.
 
 API others call::
 
@@ -13,11 +12,11 @@ API others call::
     pair_timeline(solo_a_s, solo_b_s, speed_a, speed_b) -> PairTimeline    # overlap and tail, per job
     predict_pair_slowdown(job_a, job_b, solo_a_s, solo_b_s, pair_profiles=None, history=None)
         -> tuple[float, float] | None                                     # None: nothing known, never pair
-    choose_colocation_pairs(jobs, max_slowdowns, pair_slowdowns, savings) -> list[tuple[str, str]]
-    plan_night(specs, profiles, forecasts, now, pair_profiles=None, history=None, early_stop=False,
-               intensity_history=None) -> list[Plan]
-    separate_if_slow(observed_slowdowns, plans, max_slowdowns) -> Separation
-    observed_slowdown(solo_throughput, observed_throughput) -> float
+    pair_option(spec_a, spec_b, prof_a, prof_b, plan_a, plan_b, pair, forecast, now, history, refs,
+                intensity_history) -> PairOption | None                   # best joint start and its saving
+    pair_plans(option, solo, specs, profiles, pair_profiles, now, history) -> dict[str, Plan]
+    choose_pairs(candidates, profiles, outcomes, *, max_pairs, max_gpu_s, pair_profile_gpu_s)
+        -> list[PairToProfile]                                            # unknown pairs worth profiling
 
 Timeline of a pair started together: both run at their kept speeds until the shorter one finishes, then the
 other runs alone at full speed. With solo durations Da, Db and kept speeds sa, sb the first finishes at
@@ -28,12 +27,28 @@ what its learned :class:`~carbonflow.planning.learning.RunCostModel` says they c
 changes on the pair profile (``_shared_steps_energy_j``), the inverse of how a co-located run is learned from.
 A co-located pair runs at its reference configuration (where pair profiles are measured), so it competes with
 capped solo plans: on the nightly benchmark co-location rarely wins under a 10 % slowdown bound.
+
+**Pair prediction.** Profiling every pair of jobs that could share a GPU does not scale: fifty new jobs make
+1,225 pairs. EaCO avoids exhaustive pairing with history and early observation; Gavel and Lucid predict
+interference from solo measurements. :func:`fit_pair_predictor` is carbonflow's small model of that kind:
+
+* **Solo part.** ``keep(a | b)``, the fraction of its solo speed job ``a`` keeps next to ``b``, is a
+  linear function of what the two solo profiles measured: each job's GPU load (its average power as
+  a fraction of the power limit) and the log of its step time. The coefficients are fitted by least
+  squares on every pair outcome carbonflow has recorded, whichever jobs they were.
+* **History part.** A job that has shared a GPU before carries two learned offsets: how much more
+  (or less) it suffers than the solo part predicts (*sensitivity*), and how much more it slows its
+  partners (*pressure*). Each offset is the mean residual of that job's recorded outcomes, shrunk
+  toward zero by ``n / (n + shrinkage)`` so one odd night does not dominate.
+
+Prediction error is measured by leave-one-pair-out on Gavel's measured V100 pairs
+(``benchmarks/pair_prediction.py``); the planner profiles only the most promising unknown pairs
+within a nightly budget (:func:`pairs_to_profile`) and lets the early-observation guard settle the rest.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -41,10 +56,11 @@ import numpy as np
 
 from carbonflow.carbon.windows import held_window_means, slot_boundaries_s
 from carbonflow.domain import Config, EnergyLabel, Forecast, ForecastPoint, JobSpec, Plan, Profile, parse_objective
-from carbonflow.planning.batch_size import batch_size_explorer, batch_size_of, deadline_epochs, point_power_w
+from carbonflow.planning.batch_size import deadline_epochs, point_power_w
+from carbonflow.planning.candidate import Candidate
 from carbonflow.planning.learning import JobHistory, slowdown_from_kept_speed
 from carbonflow.planning.objectives import Reference, objective_for
-from carbonflow.planning.optimizer import Candidate, DeadlineError, plan_job, predict_candidates
+from carbonflow.planning.optimizer import predict_candidates
 from carbonflow.units import J_PER_KWH, nearest_minute
 
 
@@ -133,7 +149,7 @@ def _lookup_speeds(job_a: str, job_b: str, pair_profiles: Sequence[PairProfile] 
     return None
 
 
-def _lookup_pair(job_a: str, job_b: str, pair_profiles: Sequence[PairProfile] | None) -> PairProfile | None:
+def lookup_pair(job_a: str, job_b: str, pair_profiles: Sequence[PairProfile] | None) -> PairProfile | None:
     for profile in pair_profiles or ():
         if profile.speeds(job_a, job_b) is not None:
             return profile
@@ -172,41 +188,8 @@ def predict_pair_slowdown(
     return predicted
 
 
-def choose_colocation_pairs(
-    jobs: Sequence[str],
-    max_slowdowns: Mapping[str, float],
-    pair_slowdowns: Mapping[tuple[str, str], tuple[float, float] | None],
-    savings: Mapping[tuple[str, str], float],
-) -> list[tuple[str, str]]:
-    """Greedy matching: pairs with positive saving whose both slowdowns stay inside the bounds, best first.
-
-    ``pair_slowdowns[(a, b)] = (slowdown of a, slowdown of b)``; ``savings[(a, b)]`` in the objective's units.
-    Each job is in at most one pair. Deterministic (ties by names). O(P log P) for P candidate pairs.
-    """
-    order = {job: i for i, job in enumerate(jobs)}
-    scored = []
-    for (a, b), slow in pair_slowdowns.items():
-        if slow is None or a not in order or b not in order or a == b:
-            continue
-        saving = savings.get((a, b), 0.0)
-        if saving <= 0:
-            continue
-        if slow[0] > max_slowdowns.get(a, 0.0) + 1e-12 or slow[1] > max_slowdowns.get(b, 0.0) + 1e-12:
-            continue
-        scored.append((-saving, a, b))
-    scored.sort()
-    used: set[str] = set()
-    chosen = []
-    for _, a, b in scored:
-        if a in used or b in used:
-            continue
-        used.update((a, b))
-        chosen.append((a, b))
-    return chosen
-
-
 @dataclass(frozen=True)
-class _PairOption:
+class PairOption:
     a: str
     b: str
     start_s: float
@@ -234,7 +217,7 @@ def _reference(
     return ref, metrics
 
 
-def _pair_option(
+def pair_option(
     spec_a: JobSpec,
     spec_b: JobSpec,
     prof_a: Profile,
@@ -247,7 +230,7 @@ def _pair_option(
     history: JobHistory | None,
     refs: dict[str, tuple[Candidate, Reference]] | None = None,
     intensity_history: Sequence[ForecastPoint] | None = None,
-) -> _PairOption | None:
+) -> PairOption | None:
     """Best joint start of a co-located pair (each at its reference configuration) and its saving.
 
     ``refs`` remembers each job's reference prediction across the night's pairs. With ``intensity_history``
@@ -317,7 +300,7 @@ def _pair_option(
     g_a, g_b = first[0] * ci_1 + tails[0] * ci_2, first[1] * ci_1 + tails[1] * ci_2
     if forecast is None:
         g_a = g_b = 0.0
-    return _PairOption(
+    return PairOption(
         spec_a.name,
         spec_b.name,
         float(s[best]),
@@ -565,211 +548,238 @@ def _deadline_factor(spec: JobSpec, profile: Profile, history: JobHistory | None
     return max(1.0, most / expected) if expected > 0 else 1.0
 
 
-def _explores(spec: JobSpec, profile: Profile, history: JobHistory | None, plan: Plan) -> bool:
-    """The job's solo plan tries a batch size that has not reached the target yet (an exploratory run).
-
-    Such a job is not co-located: a pair runs at the reference batch size, and a pair chosen because the
-    exploratory run is predicted dearer tonight would keep the explorer from ever learning.
-    """
-    explorer = batch_size_explorer(spec, profile, history)
-    if explorer is None:
-        return False
-    bs = batch_size_of(plan.config, spec)
-    return bs != spec.batch_size and bs in explorer.arms and not explorer.arms[bs].costs
-
-
-def plan_night(
-    specs: Sequence[JobSpec],
+def pair_plans(
+    opt: PairOption,
+    solo: Mapping[str, Plan],
+    by_name: Mapping[str, JobSpec],
     profiles: Mapping[str, Profile],
-    forecasts: Mapping[str, Forecast | None],
+    pair_profiles: Sequence[PairProfile] | None,
     now: datetime,
-    pair_profiles: Sequence[PairProfile] | None = None,
-    history: JobHistory | None = None,
-    early_stop: bool = False,
-    intensity_history: Mapping[str, Sequence[ForecastPoint]] | None = None,
-) -> list[Plan]:
-    """Plans for a night's batch: each job's joint plan, then guarded co-location where it saves more.
-
-    ``profiles`` maps job name → Profile; ``forecasts`` maps region → Forecast (None: no forecast). Pairs
-    are considered only between jobs of the same region with a pair profile (or history) for them, both
-    single-container, both slowdowns within their bounds and both deadlines met, neither trying an untried batch
-    size tonight (an exploratory run is never traded for a pair at the reference); the pairs chosen are those
-    of :func:`choose_colocation_pairs` on the pair's saving against the two solo plans, both scored by the jobs'
-    own objectives (the selectors of :func:`~carbonflow.planning.objectives.objective_for`): a pair of ``carbon``
-    and ``energy`` jobs on summed carbon when both are ``carbon`` and a forecast exists, else on summed energy (as
-    before); two jobs of one other objective on the sum of their figures; two different objectives each on its
-    own, neither job worse (:func:`_score_on_own_objectives` says why). A co-located job runs at its reference
-    configuration (pair profiles are measured there). ``early_stop`` is handed to :func:`plan_job`. Output order =
-    input order.
-    """
-    names = [s.name for s in specs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"specs: job names must be unique in a night's batch; got {names}")
-    by_name = {s.name: s for s in specs}
-    for name in names:
-        if name not in profiles:
-            raise ValueError(f"profiles has no entry for job {name!r}; profile it before planning the night")
-    solo = {
-        s.name: plan_job(
-            s,
-            profiles[s.name],
-            forecasts.get(s.region),
-            now,
-            history,
-            on_infeasible="fastest",
-            early_stop=early_stop,
-            intensity_history=(intensity_history or {}).get(s.region),
+    history: JobHistory | None,
+) -> dict[str, Plan]:
+    """The two jobs' plans when they share one GPU as ``opt`` says: each its solo plan at its reference
+    configuration in the pair's co-location group, started together, with the pair's predictions and a reason."""
+    a, b = opt.a, opt.b
+    plans: dict[str, Plan] = {}
+    for me, other, total_s, energy_j, grams, slow in (
+        (a, b, opt.total_a_s, opt.energy_a_j, opt.emissions_a_g, opt.slowdowns[0]),
+        (b, a, opt.total_b_s, opt.energy_b_j, opt.emissions_b_g, opt.slowdowns[1]),
+    ):
+        base = solo[me]
+        _, ref, _ = predict_candidates(by_name[me], profiles[me], history)
+        start = now + timedelta(seconds=opt.start_s)
+        finish = start + timedelta(seconds=total_s)
+        pair = lookup_pair(me, other, pair_profiles)
+        kept = pair.speeds(me, other) if pair is not None else None
+        sharing = (
+            ""
+            if kept is None or pair is None
+            else f"keeps {kept[0]:.2f} of its solo speed while both run "
+            f"({slowdown_from_kept_speed(kept[0]) * 100:.0f} % slower; {pair.label}), "
         )
-        for s in specs
-    }
-    if not pair_profiles and history is None:
-        return [solo[n] for n in names]
-
-    options: dict[tuple[str, str], _PairOption] = {}
-    refs: dict[str, tuple[Candidate, Reference]] = {}
-    slowdowns: dict[tuple[str, str], tuple[float, float] | None] = {}
-    savings: dict[tuple[str, str], float] = {}
-    known = {(p.job_a, p.job_b) for p in pair_profiles or ()} | {(p.job_b, p.job_a) for p in pair_profiles or ()}
-    exploring = {n for n in names if _explores(by_name[n], profiles[n], history, solo[n])}
-    for a, b in itertools.combinations(names, 2):
-        if (a, b) not in known or a in exploring or b in exploring:
-            continue
-        sa, sb = by_name[a], by_name[b]
-        if sa.region != sb.region or "DEADLINE AT RISK" in solo[a].reason or "DEADLINE AT RISK" in solo[b].reason:
-            continue
-        pair = _lookup_pair(a, b, pair_profiles)
-        assert pair is not None
-        try:
-            opt = _pair_option(
-                sa,
-                sb,
-                profiles[a],
-                profiles[b],
-                solo[a],
-                solo[b],
-                pair,
-                forecasts.get(sa.region),
-                now,
-                history,
-                refs,
-                (intensity_history or {}).get(sa.region),
-            )
-        except (DeadlineError, ValueError):
-            continue
-        if opt is None:
-            continue
-        options[(a, b)] = opt
-        slowdowns[(a, b)] = opt.slowdowns
-        savings[(a, b)] = opt.saving
-    chosen = choose_colocation_pairs(names, {s.name: s.max_slowdown for s in specs}, slowdowns, savings)
-    plans = dict(solo)
-    for a, b in chosen:
-        opt = options[(a, b)]
-        for me, other, total_s, energy_j, grams, slow in (
-            (a, b, opt.total_a_s, opt.energy_a_j, opt.emissions_a_g, opt.slowdowns[0]),
-            (b, a, opt.total_b_s, opt.energy_b_j, opt.emissions_b_g, opt.slowdowns[1]),
-        ):
-            base = solo[me]
-            _, ref, _ = predict_candidates(by_name[me], profiles[me], history)
-            start = now + timedelta(seconds=opt.start_s)
-            finish = start + timedelta(seconds=total_s)
-            pair = _lookup_pair(me, other, pair_profiles)
-            kept = pair.speeds(me, other) if pair is not None else None
-            sharing = (
-                ""
-                if kept is None or pair is None
-                else f"keeps {kept[0]:.2f} of its solo speed while both run "
-                f"({slowdown_from_kept_speed(kept[0]) * 100:.0f} % slower; {pair.label}), "
-            )
-            reason = (
-                f"co-located with {other} on one GPU at {_w(ref.config.power_limit_w)}, start "
-                f"{'now' if opt.start_s == 0 else f'{nearest_minute(start):%H:%M} UTC'}: {sharing}predicted run "
-                f"{slow * 100:.0f} % longer, within {by_name[me].max_slowdown * 100:.0f} %, pair's "
-                f"predicted saving {opt.saving:.4g} {opt.unit} vs separate plans; finishes "
-                f"{nearest_minute(finish).strftime('%H:%M')}"
-            )
-            plans[me] = base.model_copy(
-                update={
-                    "config": Config(
-                        containers=1,
-                        power_limit_w=ref.config.power_limit_w,
-                        batch_size=ref.config.batch_size,
-                        colocation_group=f"{a}+{b}",
-                    ),
-                    "start": start,
-                    "predicted_duration_s": total_s,
-                    "predicted_energy_j": energy_j,
-                    "predicted_emissions_g": grams,
-                    "colocated_with": [other],
-                    "reason": reason,
-                }
-            )
-    return [plans[n] for n in names]
+        reason = (
+            f"co-located with {other} on one GPU at {_w(ref.config.power_limit_w)}, start "
+            f"{'now' if opt.start_s == 0 else f'{nearest_minute(start):%H:%M} UTC'}: {sharing}predicted run "
+            f"{slow * 100:.0f} % longer, within {by_name[me].max_slowdown * 100:.0f} %, pair's "
+            f"predicted saving {opt.saving:.4g} {opt.unit} vs separate plans; finishes "
+            f"{nearest_minute(finish).strftime('%H:%M')}"
+        )
+        plans[me] = base.model_copy(
+            update={
+                "config": Config(
+                    containers=1,
+                    power_limit_w=ref.config.power_limit_w,
+                    batch_size=ref.config.batch_size,
+                    colocation_group=f"{a}+{b}",
+                ),
+                "start": start,
+                "predicted_duration_s": total_s,
+                "predicted_energy_j": energy_j,
+                "predicted_emissions_g": grams,
+                "colocated_with": [other],
+                "reason": reason,
+            }
+        )
+    return plans
 
 
 def _w(limit_w: float | None) -> str:
     return "the default power limit" if limit_w is None else f"{limit_w:g} W"
 
 
-def observed_slowdown(solo_throughput: float, observed_throughput: float) -> float:
-    """Slowdown implied by an early observation: solo / observed throughput − 1."""
-    if solo_throughput <= 0 or observed_throughput <= 0:
-        raise ValueError(
-            f"throughputs must be > 0; got solo_throughput={solo_throughput}, observed_throughput={observed_throughput}"
-        )
-    return solo_throughput / observed_throughput - 1
+MIN_KEPT_SPEED = 0.05
+"""Predictions are clipped to [MIN_KEPT_SPEED, 1]: a job never runs faster next to another than alone."""
+
+
+@dataclass(frozen=True)
+class SoloFeatures:
+    """What one job's solo profile says about how hard it works the GPU."""
+
+    job: str
+    gpu_load: float
+    """Average power alone at the reference limit, as a fraction of that limit (0–1)."""
+    step_time_s: float
+    """Seconds per training step alone at the reference limit."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.gpu_load <= 1.5:
+            raise ValueError(f"gpu_load={self.gpu_load} for job {self.job!r} must be in (0, 1.5]")
+        if not self.step_time_s > 0.0:
+            raise ValueError(f"step_time_s={self.step_time_s} for job {self.job!r} must be > 0")
+
+
+@dataclass(frozen=True)
+class PairOutcome:
+    """A measured co-location: the fraction of solo speed each job kept while sharing one GPU."""
+
+    job_a: str
+    job_b: str
+    kept_speed_a: float
+    kept_speed_b: float
+
+
+@dataclass(frozen=True)
+class PairPrediction:
+    job_a: str
+    job_b: str
+    kept_speed_a: float
+    kept_speed_b: float
+    from_history: bool
+    """True when either job's own pair history shaped the prediction (not only the solo profiles)."""
+
+    @property
+    def combined_speed(self) -> float:
+        """Sum of kept speeds: above 1 the pair does more work per GPU-second than running one after the other."""
+        return self.kept_speed_a + self.kept_speed_b
+
+
+def _design_row(victim: SoloFeatures, partner: SoloFeatures) -> list[float]:
+    return [1.0, victim.gpu_load, partner.gpu_load, np.log(victim.step_time_s), np.log(partner.step_time_s)]
 
 
 @dataclass
-class Separation:
-    """Plans after the early-observation check, and the groups that were split."""
+class PairPredictor:
+    """Fitted solo-part coefficients plus per-job history offsets; see the module docstring."""
 
-    plans: list[Plan]
-    separated: list[tuple[str, ...]] = field(default_factory=list)
+    coefficients: np.ndarray
+    sensitivity: dict[str, float] = field(default_factory=dict)
+    pressure: dict[str, float] = field(default_factory=dict)
+    outcomes_seen: int = 0
+
+    def kept_speed(self, victim: SoloFeatures, partner: SoloFeatures) -> float:
+        base = float(np.dot(self.coefficients, _design_row(victim, partner)))
+        adjusted = base + self.sensitivity.get(victim.job, 0.0) + self.pressure.get(partner.job, 0.0)
+        return float(np.clip(adjusted, MIN_KEPT_SPEED, 1.0))
+
+    def predict(self, a: SoloFeatures, b: SoloFeatures) -> PairPrediction:
+        from_history = any(j in self.sensitivity or j in self.pressure for j in (a.job, b.job))
+        return PairPrediction(a.job, b.job, self.kept_speed(a, b), self.kept_speed(b, a), from_history)
 
 
-def separate_if_slow(
-    observed_slowdowns: Mapping[str, float],
-    plans: Sequence[Plan],
-    max_slowdowns: Mapping[str, float] | float = 0.10,
-) -> Separation:
-    """Split every co-location group in which a job's observed slowdown breaks its bound.
+def _directed(outcomes: Iterable[PairOutcome]) -> list[tuple[str, str, float]]:
+    """(victim, partner, kept speed of the victim) for both directions of every outcome."""
+    rows = []
+    for o in outcomes:
+        rows.append((o.job_a, o.job_b, o.kept_speed_a))
+        rows.append((o.job_b, o.job_a, o.kept_speed_b))
+    return rows
 
-    Separated jobs keep their configuration without the group and get a reason saying why; the others are
-    returned unchanged. Jobs without an observation are left as they are.
+
+def _shrunk_mean(values: list[float], shrinkage: float) -> float:
+    return float(np.sum(values) / (len(values) + shrinkage))
+
+
+def fit_pair_predictor(
+    solo: Mapping[str, SoloFeatures], outcomes: Sequence[PairOutcome], *, shrinkage: float = 2.0, ridge: float = 1e-3
+) -> PairPredictor:
+    """Fit the solo part on ``outcomes`` (any jobs), then each job's history offsets from its residuals.
+
+    With no outcomes at all the predictor says "no slowdown" (coefficients keep 1.0): the planner then
+    relies on pair profiles and the early-observation guard alone.
     """
+    missing = sorted({j for o in outcomes for j in (o.job_a, o.job_b)} - set(solo))
+    if missing:
+        raise ValueError(f"pair outcomes name jobs without a solo profile: {missing}")
+    coefficients = np.array([1.0, 0.0, 0.0, 0.0, 0.0])
+    rows = _directed(outcomes)
+    if not rows:
+        return PairPredictor(coefficients)
+    x = np.array([_design_row(solo[v], solo[p]) for v, p, _ in rows])
+    y = np.array([k for _, _, k in rows])
+    coefficients = np.linalg.solve(x.T @ x + ridge * np.eye(x.shape[1]), x.T @ y)
+    residual = y - x @ coefficients
+    as_victim: dict[str, list[float]] = {}
+    for (victim, _, _), r in zip(rows, residual, strict=True):
+        as_victim.setdefault(victim, []).append(float(r))
+    sensitivity = {j: _shrunk_mean(v, shrinkage) for j, v in as_victim.items()}
+    as_partner: dict[str, list[float]] = {}
+    for (victim, partner, _), r in zip(rows, residual, strict=True):
+        as_partner.setdefault(partner, []).append(float(r) - sensitivity[victim])
+    pressure = {j: _shrunk_mean(v, shrinkage) for j, v in as_partner.items()}
+    return PairPredictor(coefficients, sensitivity, pressure, outcomes_seen=len(outcomes))
 
-    def bound(job: str) -> float:
-        return max_slowdowns if isinstance(max_slowdowns, float | int) else max_slowdowns.get(job, 0.10)
 
-    groups: dict[str, list[Plan]] = {}
-    for plan in plans:
-        if plan.config.colocation_group:
-            groups.setdefault(plan.config.colocation_group, []).append(plan)
-    broken: dict[str, str] = {}
-    for group, members in groups.items():
-        worst = [
-            (observed_slowdowns[p.job], p.job) for p in members if observed_slowdowns.get(p.job, 0.0) > bound(p.job)
-        ]
-        if worst:
-            slow, job = max(worst)
-            broken[group] = (
-                f"separated after early observation: {job} slowed {slow * 100:.0f} % > {bound(job) * 100:.0f} %"
-            )
-    out = []
-    for plan in plans:
-        group = plan.config.colocation_group
-        if group in broken:
-            out.append(
-                plan.model_copy(
-                    update={
-                        "config": plan.config.model_copy(update={"colocation_group": None}),
-                        "colocated_with": [],
-                        "reason": f"{broken[group]} (was: {plan.reason})",
-                    }
-                )
-            )
-        else:
-            out.append(plan)
-    separated = [tuple(sorted(p.job for p in groups[g])) for g in sorted(broken)]
-    return Separation(out, separated)
+@dataclass(frozen=True)
+class PairToProfile:
+    job_a: str
+    job_b: str
+    predicted: PairPrediction
+    profile_gpu_s: float
+
+
+def pairs_to_profile(
+    predictions: Sequence[PairPrediction],
+    profile_gpu_s: Mapping[tuple[str, str], float],
+    *,
+    max_pairs: int,
+    max_gpu_s: float,
+    min_combined_speed: float = 1.0,
+) -> list[PairToProfile]:
+    """The unknown pairs worth profiling tonight: most promising first, within both budgets.
+
+    A pair is promising when its predicted combined speed exceeds ``min_combined_speed`` (sharing does
+    more work per GPU-second than running apart). Pairs are taken in order of predicted combined speed
+    until ``max_pairs`` or ``max_gpu_s`` GPU-seconds of profiling would be exceeded; the rest are left
+    to the early-observation guard during real runs.
+    """
+    if max_pairs < 0 or max_gpu_s < 0:
+        raise ValueError(f"max_pairs={max_pairs} and max_gpu_s={max_gpu_s} must be >= 0")
+    ranked = sorted((p for p in predictions if p.combined_speed > min_combined_speed), key=lambda p: -p.combined_speed)
+    chosen: list[PairToProfile] = []
+    spent_s = 0.0
+    for p in ranked:
+        cost_s = profile_gpu_s[(p.job_a, p.job_b)]
+        if len(chosen) >= max_pairs or spent_s + cost_s > max_gpu_s:
+            continue
+        chosen.append(PairToProfile(p.job_a, p.job_b, p, cost_s))
+        spent_s += cost_s
+    return chosen
+
+
+def solo_features(profile: Profile) -> SoloFeatures:
+    """What the predictor reads from a solo profile: GPU load and step time at the default limit, smallest batch."""
+    at_default = [p for p in profile.points if p.config.power_limit_w == profile.default_power_limit_w]
+    point = min(at_default or profile.points, key=lambda p: p.config.batch_size or 0)
+    limit_w = profile.default_power_limit_w or max(sum(point.power_per_device_w.values()), 1.0)
+    load = min(max(sum(point.power_per_device_w.values()) / limit_w, 1e-3), 1.5)
+    step_s = (point.config.batch_size or 1) / max(point.throughput_samples_per_s, 1e-9)
+    return SoloFeatures(profile.job, load, step_s)
+
+
+def choose_pairs(
+    candidates: Sequence[tuple[str, str]],
+    profiles: Mapping[str, Profile],
+    outcomes: Sequence[PairOutcome],
+    *,
+    max_pairs: int,
+    max_gpu_s: float,
+    pair_profile_gpu_s: float,
+) -> list[PairToProfile]:
+    """Tonight's pairs to profile among ``candidates`` (unknown pairs that could share a GPU), most promising
+    first, within ``max_pairs`` and ``max_gpu_s``; each pair profile costs ``pair_profile_gpu_s``."""
+    solo = {name: solo_features(profile) for name, profile in profiles.items()}
+    known = [o for o in outcomes if o.job_a in solo and o.job_b in solo]
+    predictor = fit_pair_predictor(solo, known)
+    predictions = [predictor.predict(solo[a], solo[b]) for a, b in candidates]
+    cost = {(p.job_a, p.job_b): pair_profile_gpu_s for p in predictions}
+    return pairs_to_profile(predictions, cost, max_pairs=max_pairs, max_gpu_s=max_gpu_s)
