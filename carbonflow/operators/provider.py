@@ -7,15 +7,26 @@ carbon-intensity providers are entered in Airflow's own connection form and reac
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from carbonflow import __version__
 
-CONNECTION_TYPES: dict[str, str] = {
-    "carbonflow_electricitymaps": "carbonflow.operators.hooks.ElectricityMapsHook",
-    "carbonflow_watttime": "carbonflow.operators.hooks.WattTimeHook",
-    "carbonflow_carbon_aware_sdk": "carbonflow.operators.hooks.CarbonAwareSdkHook",
-}
+HOOKS_MODULE = "carbonflow.operators.hooks"
+
+
+def hook_class_name(conn_type: str) -> str:
+    """The hook class made for a connection type: ``carbonflow_carbon_aware_sdk`` → ``CarbonAwareSdkHook``."""
+    words = re.split(r"[^0-9A-Za-z]+", conn_type.removeprefix("carbonflow_"))
+    return "".join(w[:1].upper() + w[1:] for w in words if w) + "Hook"
+
+
+def connection_types() -> dict[str, str]:
+    """Each registered carbon provider's connection type → the dotted path of its hook in :mod:`HOOKS_MODULE`
+    (read from the provider registry; no Airflow import: Airflow calls this while it starts)."""
+    from carbonflow.carbon.credentials import connection_types as registered
+
+    return {conn_type: f"{HOOKS_MODULE}.{hook_class_name(conn_type)}" for conn_type in registered()}
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -51,6 +62,6 @@ def get_provider_info() -> dict[str, Any]:
             {"integration-name": "carbonflow", "python-modules": ["carbonflow.operators.hooks"]},
         ],
         "connection-types": [
-            {"hook-class-name": hook, "connection-type": conn_type} for conn_type, hook in CONNECTION_TYPES.items()
+            {"hook-class-name": hook, "connection-type": conn_type} for conn_type, hook in connection_types().items()
         ],
     }

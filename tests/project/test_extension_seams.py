@@ -104,6 +104,49 @@ def test_a_registered_provider_gets_its_credentials_from_env_and_its_connection_
     assert chain.forecast("DE", NOW, NOW + timedelta(hours=6)).provider == "toy"
 
 
+def test_a_registered_providers_airflow_connection_reaches_the_chain_through_the_operators(
+    toy_provider: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No line in carbonflow/operators: the provider's connection type gets a hook (form fields, Airflow's provider
+    metadata) and an Airflow connection of that type becomes the chain's credentials, as an operator reads them."""
+    import importlib
+    import json
+
+    from carbonflow.operators.common import carbon_source
+    from carbonflow.operators.hooks import hook_classes, provider_credentials
+    from carbonflow.operators.provider import get_provider_info
+
+    listed = {t["connection-type"]: t["hook-class-name"] for t in get_provider_info()["connection-types"]}
+    module, _, name = listed["carbonflow_toy"].rpartition(".")
+    assert module == "carbonflow.operators.hooks" and name == hook_classes()["carbonflow_toy"].__name__ == "ToyHook"
+    hook = getattr(importlib.import_module(module), name)  # as Airflow imports it by its path
+    assert hook.conn_type == "carbonflow_toy" and hook.provider == "toy"
+    assert "password" not in hook.get_ui_field_behaviour()["hidden_fields"]
+    monkeypatch.setenv("AIRFLOW_CONN_CARBONFLOW_TOY", json.dumps({"conn_type": "carbonflow_toy", "password": "k-9"}))
+    assert provider_credentials()["toy"] == {"token": "k-9"}
+    monkeypatch.setenv("AIRFLOW_CONN_MY_TOY", json.dumps({"conn_type": "carbonflow_toy", "password": "k-10"}))
+    assert provider_credentials({"toy": "my_toy"})["toy"] == {"token": "k-10"}
+    monkeypatch.delenv("AIRFLOW_CONN_CARBONFLOW_TOY")
+    source = carbon_source(replay=False, conn_ids={"toy": "my_toy"})  # as the operators build it
+    assert source.forecast("DE", NOW, NOW + timedelta(hours=6)).provider == "toy"
+
+
+def test_conn_ids_refuse_an_unknown_provider_and_take_either_spelling_of_a_known_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import json
+
+    from carbonflow.operators.hooks import provider_credentials
+
+    with pytest.raises(ValueError, match=r"conn_ids has unknown provider keys \['toy'\]; allowed: .*watttime"):
+        provider_credentials({"toy": "x"})
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SDK", json.dumps({"conn_type": "carbonflow_carbon_aware_sdk", "host": "http://sdk.example"})
+    )
+    for key in ("carbon_aware_sdk", "carbon-aware-sdk"):
+        assert provider_credentials({key: "sdk"})["carbon-aware-sdk"] == {"url": "http://sdk.example"}
+
+
 def test_without_the_registration_the_chain_does_not_know_it() -> None:
     with pytest.raises(ValueError, match="unknown providers"):
         default_chain(order={"*": ["toy", "static"]})
