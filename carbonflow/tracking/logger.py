@@ -23,6 +23,7 @@ from carbonflow.units import J_PER_KWH, format_emissions_g, format_energy_j, nea
 log = logging.getLogger(__name__)
 
 _REASON_MAX = 500
+_TAG_MAX_CHARS = 5000  # MLflow keeps a tag value up to 5000 characters (8000 in newer servers)
 
 
 def carbonflow_version() -> str:
@@ -229,6 +230,7 @@ def training_record(
         schema.T_CODE_VERSION: spec.code_version,
         schema.T_CONFIG_KEY: config.key(),
         schema.T_POWER_LIMIT_APPLIED: "true" if result.power_limit_applied else "false",
+        schema.T_POWER_LIMITS_NOT_RESTORED: "; ".join(result.power_limits_not_restored)[:_TAG_MAX_CHARS] or "none",
         schema.T_MODEL_REGISTERED: "true" if register is not None else "false",
         schema.T_MODEL_REGISTRY_NOTE: registry_note,
         schema.T_NOTE: "\n".join(

@@ -97,6 +97,7 @@ T_IDEMPOTENCY_KEY = "carbonflow.idempotency_key"
 T_COMPLETE = "carbonflow.complete"
 T_SPOOLED = "carbonflow.spooled"
 T_POWER_LIMIT_APPLIED = "carbonflow.power_limit_applied"
+T_POWER_LIMITS_NOT_RESTORED = "carbonflow.power_limits_not_restored"
 T_MODEL_REGISTERED = "carbonflow.model_registered"
 T_MODEL_REGISTRY_NOTE = "carbonflow.model_registry_note"
 T_ERROR = "carbonflow.error"
@@ -250,6 +251,13 @@ SCHEMA: tuple[SchemaEntry, ...] = (
     SchemaEntry(T_CONFIG_KEY, "tag", "training, profile-point", "configuration key, e.g. `c1-pl175-b64`"),
     SchemaEntry(T_MEASURED_AT, "tag", "profile", "when the profile was measured (UTC ISO 8601)"),
     SchemaEntry(T_POWER_LIMIT_APPLIED, "tag", "training", "`false` when the power limit could not be set"),
+    SchemaEntry(
+        T_POWER_LIMITS_NOT_RESTORED,
+        "tag",
+        "training",
+        "`none`, or each GPU whose power limit could not be put back after the run, with the wanted and the actual "
+        "limit (the task failed with `PowerLimitNotRestored`)",
+    ),
     SchemaEntry(T_MODEL_REGISTERED, "tag", "training", "`true` when the model met the bar and was registered"),
     SchemaEntry(T_MODEL_REGISTRY_NOTE, "tag", "training", "why the model was or was not registered"),
     SchemaEntry(
@@ -341,6 +349,7 @@ TRAINING_REQUIRED_TAGS: tuple[str, ...] = (
     T_CODE_VERSION,
     T_CONFIG_KEY,
     T_POWER_LIMIT_APPLIED,
+    T_POWER_LIMITS_NOT_RESTORED,
     T_MODEL_REGISTERED,
     T_IDEMPOTENCY_KEY,
     T_COMPLETE,

@@ -135,3 +135,16 @@ def test_a_plot_failure_keeps_the_run_and_says_so(home: Path, tmp_path: Path, mo
     assert "forecast.png" not in names and {"forecast.json", "pareto.png", "plan.json"} <= names
     assert "forecast.png not drawn: RuntimeError: no fonts on this node" in record.tags[schema.T_NOTE]
     assert record.metrics["energy_total_j"] == f.result().energy_total_j
+
+
+def test_a_power_limit_left_lowered_is_a_tag_on_the_run(home: Path) -> None:
+    """The typed ``RunResult.power_limits_not_restored`` reaches MLflow (the task fails on it too): a platform
+    engineer filters runs on the tag instead of reading notes."""
+    clean = log_training_run(f.job_spec(), f.plan(), f.result())
+    assert client_for(clean.tracking_uri).get_run(clean.run_id).data.tags[schema.T_POWER_LIMITS_NOT_RESTORED] == "none"
+    lowered = f.result().model_copy(
+        update={"power_limits_not_restored": ["GPU-0 (wanted 300 W, reads 150 W)", "GPU-1 (wanted 300 W, unreadable)"]}
+    )
+    outcome = log_training_run(f.job_spec(), f.plan(), lowered)
+    tag = client_for(outcome.tracking_uri).get_run(outcome.run_id).data.tags[schema.T_POWER_LIMITS_NOT_RESTORED]
+    assert tag == "GPU-0 (wanted 300 W, reads 150 W); GPU-1 (wanted 300 W, unreadable)"
