@@ -148,6 +148,13 @@ def run(
         float | None, typer.Option(help="end a sweep once throughput < this fraction of the fastest", min=0, max=1)
     ] = None,
     output_dir: Annotated[Path | None, typer.Option(help="where the training writes its outputs")] = None,
+    train_after_sweep: Annotated[
+        bool,
+        typer.Option(
+            help="in-run profiling: the sweep's windows are the training's first steps (kept); then it trains on "
+            "to its end at the swept limit best for the job's objective"
+        ),
+    ] = False,
 ) -> None:
     """Run a training command under the plan's power limit, measure it, always restore the limit."""
     from carbonflow.execution.wrapper import main_from_files
@@ -169,6 +176,7 @@ def run(
         job, plan, result, command,
         trace_csv=trace, trace_interval_s=trace_interval, profile_steps=profile_steps,
         warmup_steps=warmup_steps, sweep_limits_w=limits, stop_below_fraction=stop_below, output_dir=output_dir,
+        train_after_sweep=train_after_sweep,
     )  # fmt: skip
     raise typer.Exit(code)
 

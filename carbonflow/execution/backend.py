@@ -50,6 +50,11 @@ class RunOptions(BaseModel):
     warmup_steps: int = Field(default=0, ge=0)
     sweep_limits_w: list[float] | None = Field(default=None, description="profile mode: limits to sweep")
     stop_below_fraction: float | None = Field(default=None, ge=0, le=1)
+    train_after_sweep: bool = Field(
+        default=False,
+        description="in-run profiling: the sweep is the training's first steps, which then trains on to its end at "
+        "the best limit for the job's objective (needs profile_steps and sweep_limits_w)",
+    )
     trace: bool = True
     timeout_s: float | None = Field(default=None, gt=0)
 

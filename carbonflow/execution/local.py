@@ -186,6 +186,8 @@ class LocalBackend:
             args += ["--sweep-limits", ",".join(f"{w:g}" for w in options.sweep_limits_w)]
         if options.stop_below_fraction is not None:
             args += ["--stop-below", f"{options.stop_below_fraction:g}"]
+        if options.train_after_sweep:
+            args += ["--train-after-sweep"]
         return args
 
     def _launch(self, command: list[str], run_dir: Path, kind: str, jobs: list[str]) -> RunHandle:

@@ -59,6 +59,8 @@ SHORT_WINDOW = "measured window cut short"
 WINDOW_TOO_SHORT = "profile window too short"
 """Starts a run's note when a configuration's progress reports, even all of them, span less than
 ``profile_min_window_s``: the profile then falls back to the whole run (or drops that limit), and says so."""
+IN_RUN_PROFILE = "in-run profiling"
+"""Starts the note of a training that swept its power limits inside itself and went on at the best one."""
 
 
 class Terminated(Exception):
@@ -201,8 +203,15 @@ class _Sweep:
         profile_steps: int,
         slowest_fraction: float | None,
         min_window_s: float = 0.0,
+        keep_training: bool = False,
     ) -> None:
         self.limits_w = limits_w
+        self.keep_training = keep_training
+        """In-run profiling: once every limit was measured the training goes on at the best one to its end."""
+        self.chosen_w: float | None = None
+        """With ``keep_training``: the limit the rest of the training ran at."""
+        self.objective = "energy"
+        self.max_slowdown: float | None = None
         self.min_window_s = min_window_s
         self.warmup_steps = warmup_steps
         self.profile_steps = profile_steps
@@ -224,12 +233,13 @@ class _Sweep:
         return 3 * self.warmup_steps if self.index == 0 else self.warmup_steps
 
     def total_steps(self) -> int | None:
-        """A safety cap for the training; the wrapper normally ends the sweep with the stop file first.
+        """A safety cap for the training; the wrapper normally ends the sweep with the stop file first (none when
+        the training goes on after the sweep: it trains its whole work).
 
         Each phase may overrun its marks by the steps that pass between two polls, hence the slack. With a
         minimum measured wall time the steps a window needs are unknown: no cap (the stop file ends it).
         """
-        if self.min_window_s > 0:
+        if self.min_window_s > 0 or self.keep_training:
             return None
         return len(self.limits_w) * (self.warmup_steps + self.profile_steps + 10) + 2 * self.warmup_steps
 
@@ -335,15 +345,21 @@ def run_wrapped(
     stop_below_fraction: float | None = None,
     output_dir: Path | None = None,
     result_key: str | None = None,
+    train_after_sweep: bool = False,
 ) -> WrappedRun:
     """Run ``command`` under the plan's power limit with energy measured; never leaves a limit lowered.
 
     With ``profile_steps`` the run is a profile: after ``warmup_steps`` it measures ``profile_steps``
     steps at the plan's limit, or at each of ``sweep_limits_w`` in turn (highest first), stopping the
-    sweep early once a limit's throughput falls below ``stop_below_fraction`` of the fastest.
+    sweep early once a limit's throughput falls below ``stop_below_fraction`` of the fastest. With
+    ``train_after_sweep`` too the sweep is in-run profiling, as Zeus's JIT profiler: the measured windows are
+    the training's first steps, kept, and once every limit was measured the training goes on to its end at the
+    limit best for the job's objective (``WrappedRun.power_limit_w``); its windows are the profile.
     """
     if not command:
         raise ValueError("command is empty; give the training command after '--'")
+    if train_after_sweep and profile_steps is None:
+        raise ValueError("train_after_sweep needs profile_steps (the window each swept limit is measured for)")
     found = discover_devices(spec.simulated_gpu, include_cpu=True)
     all_gpus = [d for d in found if d.kind == "gpu"]
     # One free GPU per container, leased for the wrapper's whole life; only those are capped and measured.
@@ -353,7 +369,7 @@ def run_wrapped(
                        trace_csv=trace_csv, trace_interval_s=trace_interval_s, profile_steps=profile_steps,
                        warmup_steps=warmup_steps, sweep_limits_w=sweep_limits_w,
                        stop_below_fraction=stop_below_fraction, output_dir=output_dir,
-                       result_key=result_key)  # fmt: skip
+                       result_key=result_key, train_after_sweep=train_after_sweep)  # fmt: skip
     finally:
         if lease is not None:
             lease.release()
@@ -377,6 +393,7 @@ def _run_on(
     stop_below_fraction: float | None,
     output_dir: Path | None,
     result_key: str | None = None,
+    train_after_sweep: bool = False,
 ) -> WrappedRun:
     devices = [*gpus, *(d for d in found if d.kind != "gpu")]
     _set_busy(all_gpus, False)  # a simulated GPU accrues energy only while the training works
@@ -395,11 +412,14 @@ def _run_on(
     sweep: _Sweep | None = None
     if profile_steps is not None:
         limits: list[float | None] = list(sweep_limits_w) if sweep_limits_w else [plan.config.power_limit_w]
-        sweep = _Sweep(limits, warmup_steps, profile_steps, stop_below_fraction, spec.profile_min_window_s)
+        sweep = _Sweep(limits, warmup_steps, profile_steps, stop_below_fraction, spec.profile_min_window_s,
+                       keep_training=train_after_sweep)  # fmt: skip
         sweep.clocked = clocked
+        sweep.objective, sweep.max_slowdown = spec.objective, spec.max_slowdown
+    profiling_only = sweep is not None and not sweep.keep_training
     env = training_env(
         spec, progress.path, out_dir, stop_file, sweep.total_steps() if sweep is not None else None, slowdown_file,
-        plan.config, profile=sweep is not None,
+        plan.config, profile=profiling_only,
     )  # fmt: skip
     if lines is not None:  # a Python script's print() reaches the pipe line by line, not at exit
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -469,7 +489,7 @@ def _run_on(
                     if code is not None:
                         exit_code = code
                         break
-                    if lines is not None and sweep is not None and sweep.done:
+                    if lines is not None and profiling_only and sweep is not None and sweep.done:
                         exit_code = _stop_measured(child, notes)
                         break
                     time.sleep(POLL_S)
@@ -506,11 +526,12 @@ def _run_on(
     from carbonflow.accounting.energy import device_energies
 
     per_device = device_energies(total, devices)
+    ran_at_w = sweep.chosen_w if sweep is not None and sweep.chosen_w is not None else plan.config.power_limit_w
     for entry in per_device:
         if entry.kind == "gpu":
-            entry.power_limit_w = plan.config.power_limit_w if applied and sweep is None else None
+            entry.power_limit_w = ran_at_w if applied and not profiling_only else None
     windows = sweep.windows if sweep is not None else []
-    first = windows[0] if windows else None
+    first = windows[0] if windows and profiling_only else None  # a training's pace is its whole run's
     duration_s = host_s = time.monotonic() - start_s
     if clocked and fed > 0:  # a simulated GPU's run lasts the simulated time of its work, not the host's
         duration_s = max(g.simulated_s() for g in clocked)
@@ -538,7 +559,7 @@ def _run_on(
         windows=windows,
         metrics=progress.final_metrics(),
         power_limit_applied=applied,
-        power_limit_w=plan.config.power_limit_w,
+        power_limit_w=ran_at_w,
         power_limits_not_restored=not_restored,
         notes=notes,
         power_trace_csv=str(trace_csv) if trace_csv else None,
@@ -578,11 +599,41 @@ def _advance_sweep(
         notes.append(f"sweep stopped after {window.power_limit_w} W: slower than allowed")
     if too_slow or sweep.index + 1 >= len(sweep.limits_w):
         sweep.done = True
+        if sweep.keep_training:  # in-run profiling: the measured prefix is training kept; go on at the best limit
+            sweep.chosen_w = _best_limit(sweep, gpus, notes)
+            _apply_limit(gpus, sweep.chosen_w, slowdown_file, notes)
+            return
         stop_file.touch()  # the training's should_stop() turns true
         return
     sweep.index += 1
     sweep.phase_start_step = progress.step
     _apply_limit(gpus, sweep.limit_w, slowdown_file, notes)
+
+
+def _best_limit(sweep: _Sweep, gpus: list[Any], notes: list[str]) -> float | None:
+    """The swept limit best for the job's objective (``choose_power_limit`` over the measured windows: time and
+    power of the same work), within its ``max_slowdown``; the first limit when no window measured energy."""
+    from carbonflow.planning.optimizer import choose_power_limit
+
+    usable = [w for w in sweep.windows if w.samples > 0 and w.window_s > 0 and w.energy_window_s > 0]
+    if not usable or any(w.power_limit_w is None for w in usable):
+        notes.append("in-run profiling: no window measured energy at a set limit; training on at the first limit")
+        return sweep.limits_w[0]
+    gpu = gpus[0] if gpus else None
+    limits = gpu.power_limit_constraints_w() if gpu is not None and gpu.supports_power_limit else None
+    default_w = gpu.default_power_limit_w() if limits is not None else None
+    chosen = choose_power_limit(
+        [w.power_limit_w for w in usable],  # type: ignore[misc]
+        [w.window_s / w.samples for w in usable],
+        [sum(w.energy_j.values()) / w.energy_window_s for w in usable],
+        objective=sweep.objective, max_slowdown=sweep.max_slowdown, default_power_limit_w=default_w,
+        max_power_w=limits[1] if limits is not None else None,
+    )  # fmt: skip
+    notes.append(
+        f"{IN_RUN_PROFILE}: swept {', '.join(f'{w.power_limit_w:g} W' for w in usable)} inside the training (work "
+        f"kept); trained on at {chosen:g} W, best for objective {sweep.objective}"
+    )
+    return chosen
 
 
 def _close_window(sweep: _Sweep, progress: _Progress, monitor: EnergyMonitor) -> MeasuredWindow:

@@ -23,7 +23,7 @@ from carbonflow.domain import PROFILE_NOISE, Config, JobSpec, Plan, Profile, Pro
 from carbonflow.energy.device import Device
 from carbonflow.execution.backend import RunOptions
 from carbonflow.execution.pair_wrapper import SharedMember, SharedRequest, SharedRun, contention_note
-from carbonflow.execution.wrapper import SHORT_WINDOW, WINDOW_TOO_SHORT, MeasuredWindow, WrappedRun
+from carbonflow.execution.wrapper import IN_RUN_PROFILE, SHORT_WINDOW, WINDOW_TOO_SHORT, MeasuredWindow, WrappedRun
 from carbonflow.progress_pattern import UNMATCHED_NOTE, UNMATCHED_STOP_NOTE
 
 if TYPE_CHECKING:
@@ -241,9 +241,13 @@ class ProfileSweep:
         )  # fmt: skip
         return plan, options
 
-    def add(self, run: WrappedRun) -> None:
-        """What the run :meth:`next_run` planned measured: one point per swept limit (ProfilingError when nothing)."""
-        spec, count = self.spec, self.counts[self.state.runs_done]
+    def add(self, run: WrappedRun, config: Config | None = None) -> None:
+        """What the run :meth:`next_run` planned measured: one point per swept limit (ProfilingError when nothing).
+
+        ``config``: the configuration the run trained (an in-run profile, :func:`profile_from_training`): its
+        points keep its containers and batch size; else the planned container count's."""
+        spec = self.spec
+        count = config.containers if config is not None else self.counts[self.state.runs_done]
         if run.steps == 0:  # found at the first attempt, not once per container count
             raise ProfilingError(silent_job_message(spec, run))
         if run.exit_code != 0:
@@ -252,13 +256,14 @@ class ProfileSweep:
                 f"its log: {_log_path(run)}"
             )
         for window in run.windows:
-            config = Config(containers=count, power_limit_w=window.power_limit_w)
-            point = _point(window, config, self.label, spec.name)  # type: ignore[arg-type]
+            base = config or Config(containers=count)
+            point_config = base.model_copy(update={"power_limit_w": window.power_limit_w, "colocation_group": None})
+            point = _point(window, point_config, self.label, spec.name)  # type: ignore[arg-type]
             self.state.points.append(point)
             if self.on_progress:
-                self.on_progress(config.key(), len(self.state.points), self.planned)
+                self.on_progress(point_config.key(), len(self.state.points), self.planned)
             log.info(
-                "profiled %s: %.1f samples/s, %.4f J/sample", config.key(), point.throughput_samples_per_s,
+                "profiled %s: %.1f samples/s, %.4f J/sample", point_config.key(), point.throughput_samples_per_s,
                 point.energy_per_sample_j,
             )  # fmt: skip
         short = [note for note in run.notes if note.startswith((SHORT_WINDOW, WINDOW_TOO_SHORT))]
@@ -293,6 +298,72 @@ class ProfileSweep:
             points=list(points),
             notes=[*self.state.window_notes, *([noise] if noise else [])],
         )
+
+
+# ---- in-run profiling -------------------------------------------------------------------------
+IN_RUN_MIN_LIMITS = 2
+"""A configuration's batch size and containers are profiled when the profile holds this many power limits there;
+fewer (none, or a single-limit probe), its first training run sweeps the limits inside itself."""
+
+
+def needs_in_run_profile(spec: JobSpec, profile: Profile | None, config: Config) -> bool:
+    """Whether a training at ``config`` should sweep its power limits inside itself: its batch size and container
+    count have fewer than :data:`IN_RUN_MIN_LIMITS` profiled limits (never profiled, or only probed)."""
+    from carbonflow.planning.batch_size import batch_size_of
+
+    if profile is None:
+        return True
+    bs = batch_size_of(config, spec)
+    limits = {
+        p.config.power_limit_w
+        for p in profile.points
+        if batch_size_of(p.config, spec) == bs and p.config.containers == config.containers
+        and not p.config.colocation_group and p.config.power_limit_w is not None
+    }  # fmt: skip
+    return len(limits) < IN_RUN_MIN_LIMITS
+
+
+def in_run_options(
+    spec: JobSpec, devices: list[Device], run_name: str = "train", step_w: float = DEFAULT_STEP_W
+) -> RunOptions | None:
+    """Run options that make a training profile itself (None when there is no power limit to sweep): the sweep's
+    windows (``profile_warmup_steps`` then ``profile_steps`` per limit, highest first, pruned as a separate
+    profile's) are the training's first steps, kept, and it trains on at the best limit for the job's objective.
+    The work is the job's: nothing is discarded."""
+    gpus = [d for d in devices if d.kind == "gpu"]
+    sweep = [w for w in candidate_power_limits_w(spec, gpus[0] if gpus else None, step_w) if w is not None]
+    if len(sweep) < IN_RUN_MIN_LIMITS:
+        return None
+    return RunOptions(
+        run_name=run_name, profile_steps=spec.profile_steps, warmup_steps=spec.profile_warmup_steps,
+        sweep_limits_w=sweep, stop_below_fraction=1 / (1 + 2 * spec.max_slowdown), train_after_sweep=True,
+    )  # fmt: skip
+
+
+def profile_from_training(
+    spec: JobSpec,
+    devices: list[Device],
+    config: Config,
+    run: WrappedRun,
+    *,
+    samples_per_epoch: int | None = None,
+    earlier: Profile | None = None,
+) -> Profile:
+    """The profile a training run measured inside itself (:func:`in_run_options`), one point per swept limit at
+    ``config``'s containers and batch size, merged into ``earlier`` (its points at other configurations kept): the
+    next night's planner reads it as it reads a separate profile. ProfilingError when it measured nothing."""
+    sweep = ProfileSweep(spec, devices, samples_per_epoch=samples_per_epoch)
+    sweep.add(run, config)
+    fresh = sweep.profile()
+    keys = {p.config.key() for p in fresh.points}
+    kept = [p for p in (earlier.points if earlier is not None else []) if p.config.key() not in keys]
+    note = (
+        f"{IN_RUN_PROFILE}: {len(fresh.points)} limit(s) at {config.model_copy(update={'power_limit_w': None}).key()}"
+        " measured inside a training run (its work kept)"
+    )
+    per_epoch = fresh.samples_per_epoch or (earlier.samples_per_epoch if earlier is not None else None)
+    points, notes = [*kept, *fresh.points], [*fresh.notes, note]
+    return fresh.model_copy(update={"points": points, "notes": notes, "samples_per_epoch": per_epoch})
 
 
 def pair_member(spec: JobSpec, plan: Plan, profile: Profile, min_kept_speed: float | None = None) -> SharedMember:
