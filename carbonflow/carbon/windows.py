@@ -375,6 +375,8 @@ def search_starts(
     risk_aversion: float = DEFAULT_RISK_AVERSION,
     delay_cost_per_s: Sequence[float] | np.ndarray | float = 0.0,
     guard_z: float | None = None,
+    split_s: Sequence[float] | np.ndarray | float | None = None,
+    boundaries_s: Sequence[float] | np.ndarray | None = None,
 ) -> StartSearch:
     """carbonflow's one start search: every run ``i`` (``durations_s[i]``) at every candidate start in
     ``[0, latest_s[i]]`` seconds after ``earliest`` (runs with ``latest_s < 0`` get none), vectorised.
@@ -393,8 +395,20 @@ def search_starts(
     (the lead-time error model, errors correlated by ``phi_per_h``) less ``START_GUARD_TOLERANCE`` of the
     run-now intensity ranks after starting at once (by its shortfall): a move has to beat the forecast's own
     error, so a start rarely turns out worse than starting at once.
+
+    **Two-segment windows** (``split_s``, per run or one number): run ``i`` is a first segment of ``split_s[i]``
+    seconds, then the rest, each segment with its own energy (a co-located pair: both jobs while both work, then
+    the tail job alone). Its candidates then also include every start where the first segment ends on a slot
+    boundary, so the best start for any energy-weighted mix of the two segments' intensities is among them
+    (each segment's mean is piecewise linear in the start, with breaks only there). The means and scores
+    returned are over the whole run; a caller that weighs the segments scores the starts itself
+    (:func:`carbonflow.planning.start_search.pair_starts`). ``boundaries_s`` (seconds after ``earliest``): the slot
+    boundaries the candidates align to, by default the series' own after holding its edges; a caller that scores
+    its windows on the forecast's own slots passes :func:`slot_boundaries_s`, which also keeps the forecast's
+    first start and last end as candidates where edges are held.
     """
     durations = np.atleast_1d(np.asarray(durations_s, dtype=float))
+    splits = None if split_s is None else np.broadcast_to(np.asarray(split_s, dtype=float), durations.shape)
     latest = np.atleast_1d(np.asarray(latest_s, dtype=float))
     delay = np.broadcast_to(np.asarray(delay_cost_per_s, dtype=float), durations.shape)
     e0 = earliest.timestamp()
@@ -404,13 +418,14 @@ def search_starts(
         t0, t1, val = _held(t0, t1, val, 0.0, float(np.max(np.maximum(latest, 0.0) + durations, initial=0.0)))
     x, f, c = _cumulative(t0, t1, val)
     runs, starts = [], []
-    bounds = np.concatenate([t0, t1])
+    bounds = np.concatenate([t0, t1]) if boundaries_s is None else np.asarray(boundaries_s, dtype=float)
     for i, (d, hi) in enumerate(zip(durations, latest, strict=True)):
         if hi < -1e-9:
             continue
         hi = max(0.0, float(hi))
         if step_s is None:
-            cand = np.concatenate([[0.0, hi], bounds, bounds - d])
+            segment_ends = [] if splits is None else [bounds - splits[i]]
+            cand = np.concatenate([[0.0, hi], bounds, bounds - d, *segment_ends])
         else:
             cand = np.concatenate([step_s * np.arange(int(hi // step_s) + 1), [hi]])
         cand = np.unique(np.round(cand[(cand >= -1e-9) & (cand <= hi + 1e-9)], 3))

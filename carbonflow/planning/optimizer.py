@@ -55,7 +55,7 @@ How a plan is made
   ``on_infeasible="fastest"`` returns the fastest configuration starting now with a reason that begins
   ``DEADLINE AT RISK``. A deadline is never missed silently.
 * **One start search.** Starts come from :func:`carbonflow.carbon.windows.search_starts` (asked through
-  :mod:`carbonflow.planning.start_search`), the same search
+  :mod:`carbonflow.planning.start_search`, as a co-located pair asks it), the same search
   ``choose_start``, ``plan_night`` and the benchmarks use. Robustness has one meaning: given
   ``intensity_history`` (recent actuals), each forecast slot is shrunk toward the recent daily profile by its
   lead-time error variance before ranking; without it the forecast is taken at face value. Reported emissions

@@ -54,13 +54,14 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from carbonflow.carbon.windows import held_window_means, slot_boundaries_s
+from carbonflow.carbon.windows import held_window_means
 from carbonflow.domain import Config, EnergyLabel, Forecast, ForecastPoint, JobSpec, Plan, Profile, parse_objective
 from carbonflow.planning.batch_size import deadline_epochs, point_power_w
 from carbonflow.planning.candidate import Candidate
 from carbonflow.planning.learning import JobHistory, slowdown_from_kept_speed
 from carbonflow.planning.objectives import Reference, objective_for
 from carbonflow.planning.optimizer import predict_candidates
+from carbonflow.planning.start_search import pair_starts
 from carbonflow.units import J_PER_KWH, nearest_minute
 
 
@@ -273,12 +274,7 @@ def pair_option(
         return None
     if forecast is not None and not latest:
         hi = max(0.0, (forecast.points[-1].end - now).total_seconds() - tl.device_s)
-    starts = [0.0, hi]
-    if forecast is not None and hi > 0:
-        bps = slot_boundaries_s(forecast, now)
-        starts += [b for b in bps if 0 < b < hi] + [b - tl.overlap_s for b in bps if 0 < b - tl.overlap_s < hi]
-        starts += [b - tl.device_s for b in bps if 0 < b - tl.device_s < hi]
-    s = np.unique(np.round(np.array(starts), 3))
+    s = pair_starts(forecast, now, tl.overlap_s, tl.device_s, hi)  # the one start search, two segments
     # Energy: both fixed parts, and each job's steps while both run (what they cost it alone, as learned, plus the
     # pair profile's sharing extra), then the tail job's steps alone at its learned per-sample power.
     shared_a_j, shared_b_j = _shared_steps_energy_j(ref_a, ref_b, pair, speeds, steps.overlap_s)

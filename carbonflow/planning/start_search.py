@@ -10,6 +10,7 @@ API others call::
     latest_starts(spec, forecast, now, durations_s, within, margin) -> (latest_s, squeezed)
     plan_starts(forecast, now, durations_s, latest_s, intensity_history, notes) -> StartSearch
     run_now_ci(forecast, now, duration_s) -> float
+    pair_starts(forecast, now, overlap_s, device_s, latest_s) -> np.ndarray   # a co-located pair's joint starts
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from datetime import datetime
 
 import numpy as np
 
-from carbonflow.carbon.windows import StartSearch, search_starts
+from carbonflow.carbon.windows import StartSearch, search_starts, slot_boundaries_s
 from carbonflow.domain import Forecast, ForecastPoint, JobSpec
 
 _EPS = 1e-9
@@ -86,3 +87,30 @@ def _no_forecast_starts(latest: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     run = np.flatnonzero(latest >= -_EPS)
     zero = np.zeros(run.size)
     return run, zero, zero, zero
+
+
+def pair_starts(
+    forecast: Forecast | None, now: datetime, overlap_s: float, device_s: float, latest_s: float
+) -> np.ndarray:
+    """A co-located pair's candidate joint starts (s after now, ascending) in ``[0, latest_s]``: the one start
+    search over a two-segment window, the overlap (both jobs) then the tail (one job alone) until ``device_s``
+    (``search_starts(split_s=overlap_s)``), the forecast's edges held as a solo plan's are and its own slot
+    boundaries kept as candidates (the pair's windows are scored on them). The pair scores the
+    starts itself (each segment with its own energy, on each job's objective:
+    :func:`carbonflow.planning.pairs.pair_option`), so the search's own ranking, its risk terms and its guard are
+    not asked for. Starts are kept to the millisecond, the latest one rounded to it (as a pair's starts always
+    were). Without a forecast every start costs the same and the pair starts now."""
+    if forecast is None:
+        return np.zeros(1)
+    found = search_starts(
+        forecast,
+        [device_s],
+        now,
+        [round(latest_s, 3)],
+        split_s=overlap_s,
+        boundaries_s=slot_boundaries_s(forecast, now),
+        hold_edges=True,
+        risk_aversion=0.0,
+        guard_z=0.0,
+    )
+    return found.start_s

@@ -2,7 +2,9 @@
 
 Each night: two to four jobs of the five objectives, one or two regions, pair profiles for every pair, random
 deadlines (some none), a random forecast whose first slot starts at or before a ``now`` with a fractional second
-(some nights none), and on some nights recent actuals (the robust start search) or a run history (fixed costs).
+(some nights none; some forecasts end before the deadlines, with their last slot the cheapest, or start after
+``now``: where the held edges make starts tie), and on some nights recent actuals (the robust start search) or a
+run history (fixed costs).
 ``night_record`` keeps what a plan decides: configuration, start, predictions, partner and reason.
 """
 
@@ -82,7 +84,12 @@ def random_night(seed: int) -> dict[str, Any]:
     forecasts = {}
     for region in sorted(set(regions)):
         values = rng.uniform(50, 400, int(rng.integers(8, 49)))
-        forecast = make_forecast(list(values), start=start, slot_s=slot_s, region=region)
+        edge = rng.choice(["none", "short", "late", "cheap end"], p=[0.55, 0.15, 0.15, 0.15])
+        if edge != "none":  # a forecast that ends before the deadlines (its last slot the cheapest), or starts late
+            values = values[: max(2, values.size // 4)]
+            values[-1] = 10.0 if edge == "cheap end" else values[-1]
+        first = start + timedelta(seconds=float(rng.uniform(0, 3600))) if edge == "late" else start
+        forecast = make_forecast(list(values), start=first, slot_s=slot_s, region=region)
         forecasts[region] = forecast if rng.random() < 0.9 else None
     pairs = [
         PairProfile(a, b, float(rng.uniform(0.5, 1.0)), float(rng.uniform(0.5, 1.0)), float(rng.uniform(150, 300)))
@@ -119,5 +126,5 @@ def night_record(plans: list[Plan]) -> list[dict[str, Any]]:
     ]
 
 
-def plan_random_night(seed: int) -> list[dict[str, Any]]:
-    return night_record(plan_night(**random_night(seed)))
+def plan_random_night(seed: int, planner: Any = plan_night) -> list[dict[str, Any]]:
+    return night_record(planner(**random_night(seed)))

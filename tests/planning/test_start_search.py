@@ -74,5 +74,20 @@ def test_every_planner_path_calls_the_one_search() -> None:
         assert "IntensityIntegral" not in source and "choose_start_with_delay_cost" not in source
     assert "plan_starts(" in inspect.getsource(optimizer.plan_job)
     assert "search_starts(" in inspect.getsource(start_search.plan_starts)
+    assert "pair_starts(" in inspect.getsource(pairs.pair_option)  # a co-located pair's joint starts
+    assert "search_starts(" in inspect.getsource(start_search.pair_starts)
+
+
+def test_a_two_segment_window_also_starts_where_its_first_segment_ends_on_a_boundary() -> None:
+    # A 2 h run whose first 30 min is one segment (a pair's overlap), hourly slots: besides the starts on a boundary
+    # (0, 1 h, ...) and ending on one, the starts at 30 min past each hour end the first segment on a boundary.
+    forecast = hourly([100, 100, 40, 40, 100, 100])
+    whole = search_starts(forecast, [7200.0], T0, [4 * 3600.0], guard_z=0.0)
+    split = search_starts(forecast, [7200.0], T0, [4 * 3600.0], guard_z=0.0, split_s=1800.0)
+    assert set(whole.start_s) == {0.0, 3600.0, 7200.0, 10800.0, 14400.0}
+    assert set(split.start_s) == set(whole.start_s) | {1800.0, 5400.0, 9000.0, 12600.0}
+    # the means are over the whole run either way
+    k = int(np.flatnonzero(split.start_s == 5400.0)[0])
+    assert split.mean_gco2_per_kwh[k] == pytest.approx((1800 * 100 + 3600 * 40 + 1800 * 40) / 7200)
     assert "search_starts(" in inspect.getsource(windows.choose_start)
     assert "search_starts(" in inspect.getsource(policies)
