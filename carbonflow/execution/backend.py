@@ -212,13 +212,21 @@ def backend_class(name: str) -> type:
     return _REGISTERED[path] if path in _REGISTERED else _load(path)
 
 
-def make_backend(name: str, workdir: Path, kubernetes: dict[str, Any] | None = None) -> Backend:
-    """The execution backend called ``name``: ``local`` processes or ``kubernetes`` pods/jobs."""
+def make_backend(
+    name: str, workdir: Path, kubernetes: dict[str, Any] | None = None, *, api_client: Any | None = None
+) -> Backend:
+    """The execution backend called ``name``: ``local`` processes or ``kubernetes`` pods/jobs.
+
+    ``kubernetes``: :class:`~carbonflow.execution.k8s_manifests.KubernetesSettings` fields plus how to reach the
+    cluster (``config_file``, ``context``, ``in_cluster``; or ``conn_id``, the Airflow connection ``api_client``
+    was made from). None: the settings and cluster from the environment. ``api_client``: the kubernetes client to
+    use (in Airflow, the provider hook's: :mod:`carbonflow.operators.kubernetes`).
+    """
     cls = backend_class(name)
     if name != "kubernetes":
         return cls(workdir)
     if not kubernetes:
-        return cls.from_env()  # $CARBONFLOW_K8S_SETTINGS, in-cluster or kubeconfig
+        return cls.from_env(api_client=api_client)  # $CARBONFLOW_K8S_SETTINGS, in-cluster or kubeconfig
     options = dict(kubernetes)
-    connection = {k: options.pop(k) for k in ("config_file", "context", "in_cluster") if k in options}
-    return cls(_load(_KUBERNETES_SETTINGS).model_validate(options), **connection)
+    connection = {k: options.pop(k) for k in ("config_file", "context", "in_cluster", "conn_id") if k in options}
+    return cls(_load(_KUBERNETES_SETTINGS).model_validate(options), api_client=api_client, **connection)

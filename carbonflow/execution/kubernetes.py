@@ -22,6 +22,9 @@ measurements, a :class:`~carbonflow.execution.wrapper.WrappedRun`) and ``.run(sp
    pod pinned to each node a training pod ran on, which replays that pod's restore journals (kept in a host
    directory) through zeusd, so a SIGKILL or OOM kill never leaves a GPU at a lowered limit.
 
+The client is given (``api_client``) or built: in Airflow it is the cncf-kubernetes provider's ``KubernetesHook``'s,
+made from an Airflow connection by :mod:`carbonflow.operators.kubernetes` (this module imports no Airflow); outside
+Airflow (``carbonflow run``, the benchmarks) it is built from a kubeconfig or the in-cluster service account.
 Only the kubernetes python client talks to the cluster; the API calls used are: create/read/delete
 namespaced config map, pod, service and job, list namespaced pod (label selector), read pod log. Whether a run
 has ended (a pod Succeeded or Failed, or waiting for a reason it cannot recover from; a Job Complete or Failed)
@@ -189,6 +192,7 @@ class KubernetesBackend:
         context: str | None = None,
         in_cluster: bool = False,
         api_client: Any | None = None,
+        conn_id: str | None = None,
         poll_interval_s: float = 5.0,
         startup_timeout_s: float = 900.0,
         run_timeout_s: float | None = None,
@@ -203,6 +207,12 @@ class KubernetesBackend:
         self.config_file = config_file
         self.context = context
         self.in_cluster = in_cluster
+        if conn_id is not None and api_client is None:
+            raise ValueError(
+                f"conn_id={conn_id!r} names an Airflow connection, which only carbonflow's operators resolve: give "
+                "the client made from it (api_client=, see carbonflow.operators.kubernetes), or a kubeconfig instead"
+            )
+        self.conn_id = conn_id
         self._api_client = api_client or load_api_client(
             config_file=config_file, context=context, in_cluster=in_cluster
         )
@@ -448,19 +458,15 @@ class KubernetesBackend:
 
     # -- the backend contract (start → handle, poll, collect, cancel) ---------------------------------------------
 
-    def connection(self) -> dict[str, Any]:
-        """How to reach the cluster from another process (the triggerer), as the provider's async hook takes it:
-        the kubeconfig's path or in-cluster credentials (never the credentials themselves) and the context."""
-        extras: dict[str, Any] = {"in_cluster": True} if self.in_cluster else {}
-        if self.config_file and not self.in_cluster:
-            extras["kube_config_path"] = self.config_file
-        return {"conn_id": None, "connection_extras": extras, "cluster_context": self.context}
-
     def rebuild_options(self) -> dict[str, Any]:
-        """What another process (the triggerer) needs to rebuild this backend with ``make_backend("kubernetes", …)``:
-        the settings and how to reach the cluster (a kubeconfig path or in-cluster, never credentials)."""
-        return {**self.settings.model_dump(mode="json"), "config_file": self.config_file, "context": self.context,
-                "in_cluster": self.in_cluster}  # fmt: skip
+        """What another process (the triggerer) needs to rebuild this backend: the settings and how to reach the
+        cluster, never credentials. With an Airflow connection (``conn_id``: the client came from the provider's
+        ``KubernetesHook``) that is the connection's id and any overrides the operator gave; otherwise a kubeconfig
+        path or in-cluster, for :func:`~carbonflow.execution.backend.make_backend`."""
+        reach: dict[str, Any] = dict(config_file=self.config_file, context=self.context, in_cluster=self.in_cluster)
+        if self.conn_id is not None:
+            reach = {"conn_id": self.conn_id, **{k: v for k, v in reach.items() if v}}
+        return {**self.settings.model_dump(mode="json"), **reach}
 
     def start(self, spec: JobSpec, plan: Plan, options: RunOptions | None = None) -> RunHandle:
         """Create the run's objects and return at once with a :class:`RunHandle` (JSON: another process polls,
@@ -496,20 +502,15 @@ class KubernetesBackend:
         )
 
     def poll(self, handle: RunHandle) -> RunStatus:
-        """Whether the run's pod (or every rank of its Job) has ended, without waiting."""
+        """Whether the run's pod (or every rank of its Job) has ended, without waiting: the one rule
+        (:meth:`_pod_seen`, :meth:`_job_seen`) that ``execute`` waits on too."""
         d = handle.details
         if d["pod"]:
-            pod = self._read_or_gone(self.core.read_namespaced_pod, "Pod", d["pod"], d["namespace"])
-            phase = pod.status.phase if pod.status else None
-            fatal = self._fatal_waiting(pod)
-            if phase in ("Succeeded", "Failed") or fatal:
-                return RunStatus(state="finished", message=fatal or phase or "")
-            return RunStatus(state="running" if phase == "Running" else "pending", message=phase or "")
-        job = self._read_or_gone(self.batch.read_namespaced_job, "Job", d["job"], d["namespace"])
-        conditions = {c.type: c.status for c in (job.status.conditions or [])} if job.status else {}
-        if "True" in (conditions.get("Complete"), conditions.get("Failed")):
-            return RunStatus(state="finished", message="Complete" if conditions.get("Complete") == "True" else "Failed")
-        return RunStatus(state="running" if job.status and (job.status.active or 0) else "pending")
+            seen = self._pod_seen(self._read_or_gone(self.core.read_namespaced_pod, "Pod", d["pod"], d["namespace"]))
+        else:
+            job = self._read_or_gone(self.batch.read_namespaced_job, "Job", d["job"], d["namespace"])
+            seen = self._job_seen(job, self._pods_of(d["namespace"], d["name"]))
+        return RunStatus(state=seen.state, message=seen.cannot_start or seen.message)
 
     def collect(self, handle: RunHandle) -> WrappedRun:
         """The finished run's measurements (every rank merged); deletes its objects, restoring limits on failure."""
@@ -520,8 +521,7 @@ class KubernetesBackend:
             if d["pod"]:
                 pods = [self._read_or_gone(self.core.read_namespaced_pod, "Pod", d["pod"], d["namespace"])]
             else:
-                selector = f"{LABEL_RUN}={d['name']}"
-                pods = self._by_rank(self.core.list_namespaced_pod(d["namespace"], label_selector=selector).items)
+                pods = self._by_rank(self._pods_of(d["namespace"], d["name"]))
             for pod in pods:
                 self._note_node(pod)
                 fatal = self._fatal_waiting(pod)
@@ -640,17 +640,49 @@ class KubernetesBackend:
         while True:
             pod = self._read_or_gone(self.core.read_namespaced_pod, "Pod", name, namespace)
             self._note_node(pod)
-            phase = pod.status.phase if pod.status else None
-            if phase in ("Succeeded", "Failed"):
+            seen = self._pod_seen(pod)
+            if seen.cannot_start:
+                raise KubernetesRunError(f"Pod {namespace}/{name} cannot start: {seen.cannot_start}")
+            if seen.state == "finished":
                 return pod
-            fatal = self._fatal_waiting(pod)
-            if fatal:
-                raise KubernetesRunError(f"Pod {namespace}/{name} cannot start: {fatal}")
+            phase = pod.status.phase if pod.status else None
             self._deadline_check(started, phase, f"Pod {namespace}/{name}", run_timeout_s, honour_stop)
             if honour_stop:
                 self._stop.wait(self.poll_interval_s)
             else:
                 time.sleep(self.poll_interval_s)
+
+    def _pod_seen(self, pod: Any) -> _Seen:
+        """Whether a pod has ended: Succeeded or Failed, or waiting for a reason it cannot recover from."""
+        phase = pod.status.phase if pod.status else None
+        if phase in ("Succeeded", "Failed"):
+            return _Seen("finished", phase)
+        fatal = self._fatal_waiting(pod)
+        if fatal:
+            return _Seen("finished", fatal, cannot_start=fatal)
+        return _Seen("running" if phase == "Running" else "pending", phase or "")
+
+    def _job_seen(self, job: Any, pods: list[Any]) -> _Seen:
+        """Whether an Indexed Job has ended: Complete (or every rank succeeded) or Failed, or one of its pods
+        cannot start."""
+        status = job.status
+        conditions = {c.type: c.status for c in (status.conditions or [])} if status else {}
+        completions = job.spec.completions if job.spec else None
+        if conditions.get("Failed") == "True":
+            return _Seen("finished", "Failed")
+        if conditions.get("Complete") == "True" or (completions and status and (status.succeeded or 0) >= completions):
+            return _Seen("finished", "Complete")
+        for pod in pods:
+            fatal = self._fatal_waiting(pod)
+            if fatal:
+                return _Seen("finished", fatal, cannot_start=f"pod {pod.metadata.name} cannot start: {fatal}")
+        running = bool(status and (status.active or 0) > 0) and any(
+            p.status and p.status.phase == "Running" for p in pods
+        )
+        return _Seen("running" if running else "pending")
+
+    def _pods_of(self, namespace: str, run_name: str) -> list[Any]:
+        return self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_RUN}={run_name}").items
 
     def _note_nodes_now(self, manifests: KubernetesManifests) -> None:
         """Read where the run's pods are before deleting them (a pod deleted unseen still gets its restore)."""
@@ -670,28 +702,18 @@ class KubernetesBackend:
 
     def _wait_job(self, manifests: KubernetesManifests, run_timeout_s: float | None) -> list[Any]:
         ns, name = manifests.namespace, manifests.job.metadata.name
-        completions = manifests.job.spec.completions
         started = self._clock()
         while True:
             job = self._read_or_gone(self.batch.read_namespaced_job, "Job", name, ns)
-            status = job.status
-            conditions = {c.type: c.status for c in (status.conditions or [])} if status else {}
-            pods = self.core.list_namespaced_pod(ns, label_selector=f"{LABEL_RUN}={manifests.name}").items
+            pods = self._pods_of(ns, manifests.name)
             for pod in pods:
                 self._note_node(pod)
-            done = (status and (status.succeeded or 0) >= completions) or conditions.get("Complete") == "True"
-            failed = conditions.get("Failed") == "True"
-            if done or failed:
+            seen = self._job_seen(job, pods)
+            if seen.cannot_start:
+                raise KubernetesRunError(f"Job {ns}/{name}: {seen.cannot_start}")
+            if seen.state == "finished":
                 return self._by_rank(pods)
-            for pod in pods:
-                fatal = self._fatal_waiting(pod)
-                if fatal:
-                    raise KubernetesRunError(f"Job {ns}/{name}: pod {pod.metadata.name} cannot start: {fatal}")
-            phase = (
-                "Running"
-                if status and (status.active or 0) > 0 and any(p.status and p.status.phase == "Running" for p in pods)
-                else "Pending"
-            )
+            phase = "Running" if seen.state == "running" else "Pending"
             self._deadline_check(started, phase, f"Job {ns}/{name}", run_timeout_s)
             self._stop.wait(self.poll_interval_s)
 
@@ -768,6 +790,15 @@ class KubernetesBackend:
         merged = merge_ranks(ranks)
         note = f"ran on Kubernetes as {manifests.kind} {manifests.namespace}/{manifests.name}"
         return merged.model_copy(update={"notes": [*merged.notes, note]})
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """One look at a run (the one rule for a pod or a Job, whether waited on here or polled by a trigger)."""
+
+    state: str  # pending, running or finished
+    message: str = ""
+    cannot_start: str | None = None  # finished without starting: why (an image that cannot be pulled, …)
 
 
 @dataclass(frozen=True)

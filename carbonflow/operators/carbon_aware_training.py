@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from airflow.sdk import BaseOperator
@@ -19,6 +20,7 @@ from carbonflow import settings
 from carbonflow.domain import JobSpec, Profile, parse_job
 from carbonflow.energy.lease import safe_name
 from carbonflow.operators.common import WarningCallback, carbon_source, home, state_with_connection_env, tell
+from carbonflow.operators.kubernetes import DEFAULT_CONN_ID, operator_backend
 from carbonflow.operators.triggers import BackendRunTrigger, CarbonWindowTrigger
 from carbonflow.session import CarbonSource, RunSession, SessionClock, WaitState
 from carbonflow.session.clock import DEFAULT_DEADLINE_TIME_UTC, next_deadline
@@ -62,7 +64,10 @@ class CarbonAwareTrainingOperator(BaseOperator):
     :param pod_poll_s: on a backend whose runs outlive the task (Kubernetes), how often the triggerer polls the
         run (``BackendRunTrigger``, through the backend's ``poll``) while the task is deferred.
     :param backend: ``local`` (processes on the worker) or ``kubernetes`` (pods/jobs; settings in ``kubernetes``:
-        KubernetesSettings fields plus ``config_file``, ``context``, ``in_cluster``).
+        KubernetesSettings fields, and ``conn_id``, ``config_file``, ``context`` or ``in_cluster`` to override
+        ``kubernetes_conn_id`` or its fields).
+    :param kubernetes_conn_id: the Airflow connection (type ``kubernetes``) of the cluster; the provider's
+        ``KubernetesHook`` makes the backend's client from it (:mod:`carbonflow.operators.kubernetes`).
     """
 
     template_fields: Sequence[str] = ("job", "gpu_group", "replay_start", "backend")
@@ -87,6 +92,7 @@ class CarbonAwareTrainingOperator(BaseOperator):
         conn_ids: dict[str, str] | None = None,
         backend: str = "local",
         kubernetes: dict[str, Any] | None = None,
+        kubernetes_conn_id: str = DEFAULT_CONN_ID,
         on_warning_callback: WarningCallback | list[WarningCallback] | None = None,
         pod_poll_s: float = 10.0,
         **kwargs: Any,
@@ -96,6 +102,7 @@ class CarbonAwareTrainingOperator(BaseOperator):
         self.on_warning_callback = on_warning_callback
         self.backend = backend
         self.kubernetes = kubernetes
+        self.kubernetes_conn_id = kubernetes_conn_id
         self.job = job.model_dump(mode="json") if isinstance(job, JobSpec) else job
         self.profile_task_id = profile_task_id
         self.night_plan_task_id = night_plan_task_id
@@ -131,6 +138,7 @@ class CarbonAwareTrainingOperator(BaseOperator):
             source=source, workdir=home() / "runs" / safe_name(_run_id(context)), backend=self.backend,
             kubernetes=self.kubernetes, tracking_uri=self.tracking_uri,
             identity=lambda job: _run_identity(context, job), log=self.log,
+            backend_factory=partial(operator_backend, conn_id=self.kubernetes_conn_id),
         )  # fmt: skip
 
     def _profile(self, context: Any) -> Profile:

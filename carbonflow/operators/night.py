@@ -23,8 +23,9 @@ from airflow.sdk import BaseOperator, task
 
 from carbonflow.domain import JobSpec, Profile, parse_job, utcnow
 from carbonflow.energy.lease import safe_name
-from carbonflow.execution.backend import make_backend
+from carbonflow.execution.backend import backend_class
 from carbonflow.operators.common import carbon_source, home, with_connection_env
+from carbonflow.operators.kubernetes import operator_backend
 from carbonflow.session.clock import DEFAULT_DEADLINE_TIME_UTC
 from carbonflow.session.night import can_share, gpu_groups, pairs_to_profile, plan_night_batch, sharing_words
 from carbonflow.session.run import planning_history
@@ -124,12 +125,11 @@ class PairProfileOperator(BaseOperator):
         by_name = {s.name: s for s in specs}
         for name_a, name_b in self._pairs_tonight(specs, profiles, history):
             a, b = by_name[name_a], by_name[name_b]
+            if not backend_class(self.backend).supports_shared:  # asked of the class: no client made for nothing
+                self.log.warning("backend %r cannot run pair profiles; no co-location tonight", self.backend)
+                return []
             if self._backend is None:
-                workdir = home() / "runs" / safe_name(run_id) / "pairs"
-                self._backend = make_backend(self.backend, workdir)
-                if not self._backend.supports_shared:
-                    self.log.warning("backend %r cannot run pair profiles; no co-location tonight", self.backend)
-                    return []
+                self._backend = operator_backend(self.backend, home() / "runs" / safe_name(run_id) / "pairs")
             try:
                 pair = profile_pair(with_connection_env(a), with_connection_env(b), profiles[a.name],
                                     profiles[b.name], self._backend,

@@ -16,8 +16,9 @@ from airflow.sdk import BaseOperator
 
 from carbonflow.domain import JobSpec, Profile, parse_job, utcnow
 from carbonflow.energy.lease import safe_name
-from carbonflow.execution.backend import Backend, RunHandle, make_backend
+from carbonflow.execution.backend import Backend, RunHandle
 from carbonflow.operators.common import home, with_connection_env
+from carbonflow.operators.kubernetes import DEFAULT_CONN_ID, operator_backend
 from carbonflow.operators.triggers import BackendRunTrigger
 
 if TYPE_CHECKING:
@@ -35,6 +36,8 @@ class EnergyProfileOperator(BaseOperator):
     :param deferrable: on a backend whose runs outlive the task (Kubernetes), defer while each profiling run
         runs (the default) instead of waiting for it in the worker.
     :param poll_s: while deferred, how often the triggerer polls the run through the backend's ``poll``.
+    :param kubernetes_conn_id: on ``backend="kubernetes"``, the Airflow connection (type ``kubernetes``) of the
+        cluster: the provider's ``KubernetesHook`` makes the client (``kubernetes`` may override it: ``conn_id``).
     """
 
     template_fields: Sequence[str] = ("job", "backend")
@@ -49,6 +52,7 @@ class EnergyProfileOperator(BaseOperator):
         tracking_uri: str | None = None,
         backend: str = "local",
         kubernetes: dict[str, Any] | None = None,
+        kubernetes_conn_id: str = DEFAULT_CONN_ID,
         deferrable: bool = True,
         poll_s: float = 10.0,
         **kwargs: Any,
@@ -60,6 +64,7 @@ class EnergyProfileOperator(BaseOperator):
         self.poll_s = poll_s
         self.backend = backend
         self.kubernetes = kubernetes
+        self.kubernetes_conn_id = kubernetes_conn_id
         self.job = job.model_dump(mode="json") if isinstance(job, JobSpec) else job
         self.step_w = step_w
         self.reuse_profiles = reuse_profiles
@@ -129,7 +134,8 @@ class EnergyProfileOperator(BaseOperator):
 
     def _make_backend(self, context: Any, spec: JobSpec) -> Backend:
         run_id = context["run_id"] if context and "run_id" in context else utcnow().strftime("%Y%m%dT%H%M%S")
-        return make_backend(self.backend, home() / "runs" / safe_name(run_id) / spec.name, self.kubernetes)
+        workdir = home() / "runs" / safe_name(run_id) / spec.name
+        return operator_backend(self.backend, workdir, self.kubernetes, conn_id=self.kubernetes_conn_id)
 
     def _sweep(self, spec: JobSpec, devices: list[Device], state: Any = None) -> ProfileSweep:
         from carbonflow.execution.commands import samples_per_epoch

@@ -195,13 +195,14 @@ class KubernetesRunTrigger(BackendRunTrigger):
 
 
 def _rebuild(name: str, options: dict[str, Any] | None) -> Any:
-    """The backend called ``name``, rebuilt in this process (the triggerer) from its ``rebuild_options()``."""
+    """The backend called ``name``, rebuilt in this process (the triggerer) from its ``rebuild_options()`` (on
+    Kubernetes its client is the provider hook's again, from the Airflow connection the options name)."""
     import tempfile
     from pathlib import Path
 
-    from carbonflow.execution.backend import make_backend
+    from carbonflow.operators.kubernetes import operator_backend
 
-    return make_backend(name, Path(tempfile.gettempdir()) / "carbonflow-trigger", dict(options or {}) or None)
+    return operator_backend(name, Path(tempfile.gettempdir()) / "carbonflow-trigger", dict(options or {}) or None)
 
 
 def _cancel_run(name: str, options: dict[str, Any] | None, handle: dict[str, Any]) -> None:

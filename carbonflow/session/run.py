@@ -29,6 +29,9 @@ LAUNCH_TOLERANCE_S = 60.0
 
 RunIdentity = Callable[[str], dict[str, Any]]
 """Job name → ``{"idempotency_key": …, "provenance": {…}}`` (``{}`` outside Airflow: a fresh key per run)."""
+BackendFactory = Callable[[str, Path, "dict[str, Any] | None"], Any]
+"""Makes the backend by name, workdir and options (default :func:`carbonflow.execution.backend.make_backend`; an
+operator gives its own, whose Kubernetes client comes from an Airflow connection)."""
 
 
 @dataclass
@@ -131,8 +134,10 @@ class RunSession:
         tracking_uri: str | None = None,
         identity: RunIdentity | None = None,
         log: logging.Logger | None = None,
+        backend_factory: BackendFactory | None = None,
     ) -> None:
         self.source = source
+        self.backend_factory = backend_factory
         self.workdir = workdir
         self.backend_name = backend
         self.kubernetes = kubernetes
@@ -300,10 +305,6 @@ class RunSession:
             handles.append(self._backend.start(member.job, plan, RunOptions()))
         return handles
 
-    def connection(self) -> dict[str, Any]:
-        """How a trigger reaches the started runs' backend (its cluster)."""
-        return self._backend.connection()
-
     def backend_options(self) -> dict[str, Any]:
         """How another process rebuilds the started runs' backend (to cancel them when the task is killed)."""
         return self._backend.rebuild_options()
@@ -335,7 +336,8 @@ class RunSession:
     def _make_backend(self, label: str) -> Any:
         from carbonflow.execution.backend import make_backend
 
-        return make_backend(self.backend_name, self.workdir / safe_name(label), self.kubernetes)
+        factory = self.backend_factory or make_backend
+        return factory(self.backend_name, self.workdir / safe_name(label), self.kubernetes)
 
     def _launch_pods(self, state: WaitState, clock: SessionClock) -> GroupOutcome:
         """A pair on a cluster, waited for here (the task may block): both pods started, awaited, collected."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -261,6 +262,21 @@ def test_image_pull_error_fails_fast(tmp_path):
     with FakeKubeApi(lambda v: ContainerOutcome(waiting_reason="ErrImagePull")) as api:
         with pytest.raises(KubernetesRunError, match="ErrImagePull"):
             backend_for_path(api, tmp_path).execute(make_spec(), make_plan(2))
+        assert api.objects == {}
+
+
+def test_poll_says_a_job_whose_pod_cannot_pull_its_image_has_ended_as_execute_does(tmp_path):
+    """One rule for whether a run ended, waited on (``execute``) or polled (a deferred task's trigger): a Job whose
+    pod cannot pull its image has ended (the trigger once kept polling it)."""
+    with FakeKubeApi(lambda v: ContainerOutcome(waiting_reason="ErrImagePull")) as api:
+        backend = backend_for_path(api, tmp_path)
+        handle = backend.start(make_spec(), make_plan(2))
+        deadline = time.monotonic() + 10
+        while (status := backend.poll(handle)).state != "finished" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert status.state == "finished" and "cannot start: ErrImagePull" in status.message
+        with pytest.raises(KubernetesRunError, match="ErrImagePull"):
+            backend.collect(handle)
         assert api.objects == {}
 
 
