@@ -102,5 +102,21 @@ def nearest_minute(when: datetime) -> datetime:
 
 
 def emissions_g_from(energy_j: float, intensity_gco2_per_kwh: float) -> float:
-    """Grams CO2e of ``energy_j`` at a constant grid intensity."""
+    """Grams CO2e of ``energy_j`` at a constant grid intensity (numbers or numpy arrays)."""
     return energy_j / J_PER_KWH * intensity_gco2_per_kwh
+
+
+def kwh_from_j(energy_j: float) -> float:
+    """Kilowatt-hours in ``energy_j`` (numbers or numpy arrays). Also turns a sum of joules × g/kWh (energy
+    weighted by intensity, e.g. over a run's windows) into grams CO2e: ``kwh_from_j(sum(e_j * ci))``."""
+    return energy_j / J_PER_KWH
+
+
+def j_from_kwh(energy_kwh: float) -> float:
+    """Joules in ``energy_kwh``."""
+    return energy_kwh * J_PER_KWH
+
+
+def g_per_j(intensity_gco2_per_kwh: float) -> float:
+    """Grams CO2e per joule at a grid intensity in g/kWh (numbers or numpy arrays)."""
+    return intensity_gco2_per_kwh / J_PER_KWH

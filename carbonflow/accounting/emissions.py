@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from carbonflow.domain import ForecastPoint
-from carbonflow.units import J_PER_KWH
+from carbonflow.units import emissions_g_from, kwh_from_j
 
 if TYPE_CHECKING:
     pass
@@ -33,7 +33,7 @@ class EmissionsBreakdown:
 
     @property
     def mean_intensity_gco2_per_kwh(self) -> float:
-        return self.emissions_g / (self.energy_j / J_PER_KWH) if self.energy_j > 0 else 0.0
+        return self.emissions_g / kwh_from_j(self.energy_j) if self.energy_j > 0 else 0.0
 
 
 def emissions_breakdown(
@@ -58,7 +58,7 @@ def emissions_breakdown(
             # An instant: the slot containing it.
             hit = next((p for p in points if p.start <= start < p.end), None)
             if hit is not None:
-                total_g += energy_j / J_PER_KWH * hit.gco2_per_kwh
+                total_g += emissions_g_from(energy_j, hit.gco2_per_kwh)
                 covered_j += energy_j
             else:
                 fallback_j += energy_j
@@ -69,7 +69,7 @@ def emissions_breakdown(
             if overlap_s <= 0:
                 continue
             part_j = energy_j * overlap_s / duration_s
-            total_g += part_j / J_PER_KWH * p.gco2_per_kwh
+            total_g += emissions_g_from(part_j, p.gco2_per_kwh)
             covered_j += part_j
             covered_s += overlap_s
         if covered_s < duration_s - 1e-6:
@@ -81,7 +81,7 @@ def emissions_breakdown(
                 f"{fallback_j:.1f} J of {energy_total:.1f} J fall outside the carbon-intensity points "
                 f"and fallback_gco2_per_kwh=None; give intensity points covering the run or a fallback"
             )
-        total_g += fallback_j / J_PER_KWH * fallback_gco2_per_kwh
+        total_g += emissions_g_from(fallback_j, fallback_gco2_per_kwh)
         notes.append(
             f"{fallback_j / max(energy_total, 1e-12):.0%} of the energy had no intensity point: "
             f"used the fallback {fallback_gco2_per_kwh:g} gCO2/kWh (annual average)"

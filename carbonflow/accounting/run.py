@@ -18,7 +18,7 @@ from carbonflow.accounting.emissions import emissions_g
 from carbonflow.accounting.saving import saving_fraction as one_saving_fraction
 from carbonflow.accounting.saving import saving_g as one_saving_g
 from carbonflow.domain import DeviceEnergy, ForecastPoint, Plan, RunResult
-from carbonflow.units import J_PER_KWH
+from carbonflow.units import emissions_g_from, kwh_from_j
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +103,11 @@ def to_run_result(
     energy_gpu_j = sum(d.energy_j for d in run.devices if d.kind == "gpu")
     energy_cpu_j = sum(d.energy_j for d in run.devices if d.kind == "cpu")
     energy_total_j = energy_gpu_j + energy_cpu_j
-    mean_intensity = emissions / (energy_total_j / J_PER_KWH) if energy_total_j > 0 else 0.0
+    mean_intensity = emissions / kwh_from_j(energy_total_j) if energy_total_j > 0 else 0.0
     notes = list(run.notes)
     run_now_g = saving_g = saving_fraction = None
     if baseline_energy_ratio is not None and baseline_intensity_gco2_per_kwh is not None:
-        run_now_g = energy_total_j * baseline_energy_ratio / J_PER_KWH * baseline_intensity_gco2_per_kwh
+        run_now_g = emissions_g_from(energy_total_j * baseline_energy_ratio, baseline_intensity_gco2_per_kwh)
         saving_g = one_saving_g(emissions, run_now_g)  # exactly 0 within float noise of the baseline
         saving_fraction = one_saving_fraction(emissions, run_now_g)  # carbonflow's one saving definition
         notes.append("emissions_run_now_default_g is predicted (profile energy ratio × run-now intensity)")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from carbonflow.energy.device import Device
 from carbonflow.energy.errors import EnergyError
-from carbonflow.units import J_PER_KWH
+from carbonflow.units import j_from_kwh
 
 logger = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ class CpuDevice(Device):
             return
         power, energy = self._cc_cpu.measure_power_and_energy(last_duration=dt)
         self._last_power_w = float(power.W)
-        self._accum_j += float(energy.kWh) * J_PER_KWH
+        self._accum_j += j_from_kwh(float(energy.kWh))
         self._last_t = now
 
     # --- Device ---------------------------------------------------------------------------------

@@ -100,7 +100,7 @@ from carbonflow.planning.costs import (
 from carbonflow.planning.learning import JobHistory, RealisedRun, RunCostModel
 from carbonflow.planning.objectives import SlowdownConstraint, objective_for
 from carbonflow.planning.start_search import latest_starts, plan_starts, run_now_ci
-from carbonflow.units import J_PER_KWH, emissions_g_from, nearest_minute
+from carbonflow.units import emissions_g_from, nearest_minute
 
 _EPS = 1e-9
 
@@ -453,8 +453,8 @@ def _choose(
         mean_ci, score_ci = found.mean_gco2_per_kwh, found.score_gco2_per_kwh
         forced = False
     dur, en = durations[cfg_idx], energies[cfg_idx]
-    em = en / J_PER_KWH * mean_ci
-    em_rank = en / J_PER_KWH * score_ci
+    em = emissions_g_from(en, mean_ci)
+    em_rank = emissions_g_from(en, score_ci)
     cost = objective_for(objective).cost(en, dur, em_rank, tonight.ref)
     feasible = within[cfg_idx] | forced
     key_rank = np.argsort(np.argsort(np.array([c.config.key() for c in tonight.candidates])))

@@ -62,7 +62,7 @@ from carbonflow.planning.learning import JobHistory, slowdown_from_kept_speed
 from carbonflow.planning.objectives import Reference, objective_for
 from carbonflow.planning.optimizer import predict_candidates
 from carbonflow.planning.start_search import pair_starts
-from carbonflow.units import J_PER_KWH, nearest_minute
+from carbonflow.units import emissions_g_from, g_per_j, kwh_from_j, nearest_minute
 
 
 @dataclass(frozen=True)
@@ -291,8 +291,8 @@ def pair_option(
         score = _score_on_own_objectives(run, (plan_a, plan_b), forecast, now, intensity_history, texts)
     best = score.best
     e_a, e_b = first[0] + tails[0], first[1] + tails[1]
-    ci_1 = float(score.ci_overlap[best]) / J_PER_KWH
-    ci_2 = float(score.ci_tail[best]) / J_PER_KWH
+    ci_1 = g_per_j(float(score.ci_overlap[best]))
+    ci_2 = g_per_j(float(score.ci_tail[best]))
     g_a, g_b = first[0] * ci_1 + tails[0] * ci_2, first[1] * ci_1 + tails[1] * ci_2
     if forecast is None:
         g_a = g_b = 0.0
@@ -379,10 +379,10 @@ def _score_on_carbon_or_energy(
         rank_overlap, rank_tail = ci_overlap, ci_tail
         if intensity_history and objective_is_carbon:
             rank_overlap, rank_tail, solo_ci = _posterior(run, plans, forecast, now, intensity_history)
-            solo = (plan_a.predicted_energy_j * solo_ci[0] + plan_b.predicted_energy_j * solo_ci[1]) / J_PER_KWH
+            solo = kwh_from_j(plan_a.predicted_energy_j * solo_ci[0] + plan_b.predicted_energy_j * solo_ci[1])
     else:
         ci_overlap = ci_tail = rank_overlap = rank_tail = np.ones(s.size)
-    ranked = overlap_e / J_PER_KWH * rank_overlap + tail_e / J_PER_KWH * rank_tail
+    ranked = emissions_g_from(overlap_e, rank_overlap) + emissions_g_from(tail_e, rank_tail)
     total = ranked if objective_is_carbon else np.full(s.size, overlap_e + tail_e)
     best = int(np.lexsort((s, total))[0])
     unit = "g CO2e" if objective_is_carbon else "J"
@@ -449,7 +449,7 @@ def _score_on_own_objectives(
     pair_cost, solo_cost, pair_g = [], [], np.zeros(s.size)
     for i, (text, plan) in enumerate(zip(texts, plans, strict=True)):
         selector = objective_for(text)
-        grams = (run.first_j[i] * rank_overlap + run.tail_j[i] * rank_tail) / J_PER_KWH
+        grams = kwh_from_j(run.first_j[i] * rank_overlap + run.tail_j[i] * rank_tail)  # J x g/kWh -> g
         pair_g = pair_g + grams
         energy, total = np.full(s.size, run.energy_j[i]), np.full(s.size, run.total_s[i])
         pair_cost.append(selector.cost(energy, total, grams, run.metrics[i]))
@@ -494,7 +494,7 @@ def _intensities(
     ci_tail = held_window_means(forecast, now, s + tl.overlap_s, tl.tail_s)
     if intensity_history:
         rank_overlap, rank_tail, solo_ci = _posterior(run, plans, forecast, now, intensity_history)
-        solo_g = [float(p.predicted_energy_j * ci / J_PER_KWH) for p, ci in zip(plans, solo_ci, strict=True)]
+        solo_g = [float(kwh_from_j(p.predicted_energy_j * ci)) for p, ci in zip(plans, solo_ci, strict=True)]
         return ci_overlap, ci_tail, rank_overlap, rank_tail, (solo_g[0], solo_g[1])
     return ci_overlap, ci_tail, ci_overlap, ci_tail, (plans[0].predicted_emissions_g, plans[1].predicted_emissions_g)
 

@@ -36,7 +36,7 @@ from carbonflow.simulation.families import Families
 from carbonflow.simulation.grid import CarbonGrid
 from carbonflow.simulation.interference import PairTable
 from carbonflow.simulation.trace import JobTrace
-from carbonflow.units import J_PER_KWH
+from carbonflow.units import kwh_from_j
 
 _FINISH = 0
 _RELEASE = 1
@@ -188,7 +188,7 @@ class SimResult:
             "policy": self.policy,
             "jobs": len(jct),
             "energy_j": self.energy_j,
-            "energy_kwh": self.energy_j / J_PER_KWH,
+            "energy_kwh": kwh_from_j(self.energy_j),
             "emissions_g": self.emissions_g,
             "mean_jct_s": float(np.mean(jct)),
             "p95_jct_s": float(np.percentile(jct, 95)),
@@ -521,7 +521,7 @@ def simulate(ctx: SimContext, policy: Policy) -> SimResult:
         colocated=np.asarray(colocated),
         power_limit_w=np.asarray(limit_of),
         energy_j=energy,
-        emissions_g=carbon_int / J_PER_KWH,
+        emissions_g=kwh_from_j(carbon_int),  # J x g/kWh -> g
         busy_gpu_s=busy,
         splits=splits,
         label=f"simulated ({jobs.label} jobs)",

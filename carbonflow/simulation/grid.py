@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from carbonflow.domain import Forecast, ForecastPoint, SignalKind
-from carbonflow.units import J_PER_KWH
+from carbonflow.units import kwh_from_j
 
 
 class GridError(ValueError):
@@ -107,7 +107,7 @@ class CarbonGrid:
 
     def emissions_g(self, power_w: float, t0_s: float, t1_s: float) -> float:
         """Grams CO2e of drawing ``power_w`` constantly over simulated [t0, t1]."""
-        return power_w * self.integral(t0_s, t1_s) / J_PER_KWH
+        return kwh_from_j(power_w * self.integral(t0_s, t1_s))  # W x s x g/kWh -> g
 
     def intensity_at(self, t_s: float) -> float:
         r = (t_s + self.offset_s) % self.period_s

@@ -30,7 +30,7 @@ import numpy as np
 
 from carbonflow.simulation.engine import SimResult
 from carbonflow.simulation.grid import CarbonGrid
-from carbonflow.units import J_PER_KWH
+from carbonflow.units import kwh_from_j
 
 
 @dataclass(frozen=True)
@@ -128,10 +128,10 @@ def node_accounting(result: SimResult, model: NodeModel, grid: CarbonGrid) -> di
         nodes = np.ceil(busy / model.gpus_per_node - 1e-9)
     overhead_w = nodes * model.host_w + np.maximum(nodes * model.gpus_per_node - busy, 0.0) * model.gpu_idle_w
     overhead_j = float(np.sum(overhead_w * (t1 - t0)))
-    overhead_g = float(np.sum(overhead_w * grid.integral_many(t0, t1))) / J_PER_KWH
+    overhead_g = kwh_from_j(float(np.sum(overhead_w * grid.integral_many(t0, t1))))  # J x g/kWh -> g
     return {
         "energy_j": result.energy_j + overhead_j,
-        "energy_kwh": (result.energy_j + overhead_j) / J_PER_KWH,
+        "energy_kwh": kwh_from_j(result.energy_j + overhead_j),
         "emissions_g": result.emissions_g + overhead_g,
         "overhead_energy_j": overhead_j,
         "node_hours": float(np.sum(nodes * (t1 - t0))) / 3600.0,

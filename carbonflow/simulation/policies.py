@@ -53,7 +53,7 @@ from carbonflow.planning.capacity import (
     waiting_slowdown_bound,
 )
 from carbonflow.simulation.engine import SimContext
-from carbonflow.units import J_PER_KWH
+from carbonflow.units import kwh_from_j
 
 FORECAST_HORIZON_S = 48 * 3600.0
 
@@ -252,7 +252,7 @@ class PlannerPolicy(FifoPolicy):
         busy = self.ctx.cluster.gpus - self.ctx.free_gpus()
         ledger = self.ledger
         grid = self.ctx.grid
-        kwh = g * self.ctx.devices.solo(t, self.default_limit_w)[0] * run_s / J_PER_KWH
+        kwh = kwh_from_j(g * self.ctx.devices.solo(t, self.default_limit_w)[0] * run_s)
         found = search_starts(
             grid.forecast(now_s, latest - now_s + run_s + grid.step_s),
             [run_s],

@@ -18,7 +18,7 @@ from carbonflow.tracking import schema
 from carbonflow.tracking.plots import forecast_plot, pareto_plot
 from carbonflow.tracking.records import ArtifactFile, RegistryRequest, RunRecord, TrackingOutcome
 from carbonflow.tracking.spool import deliver, new_idempotency_key
-from carbonflow.units import J_PER_KWH, format_emissions_g, format_energy_j, nearest_minute
+from carbonflow.units import format_emissions_g, format_energy_j, kwh_from_j, nearest_minute
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def training_record(
         schema.M_ENERGY_GPU_J: result.energy_gpu_j,
         schema.M_ENERGY_CPU_J: result.energy_cpu_j,
         schema.M_ENERGY_TOTAL_J: result.energy_total_j,
-        schema.M_ENERGY_TOTAL_KWH: result.energy_total_j / J_PER_KWH,
+        schema.M_ENERGY_TOTAL_KWH: kwh_from_j(result.energy_total_j),
         schema.M_EMISSIONS_G: result.emissions_g,
         schema.M_CARBON_INTENSITY_MEAN: result.carbon_intensity_mean_gco2_per_kwh,
         schema.M_THROUGHPUT: result.throughput_samples_per_s,
@@ -195,7 +195,7 @@ def training_record(
         registry_note = f"registered: test_accuracy {acc} ({bar})"
         version_tags = {
             schema.M_ENERGY_TOTAL_J: f"{result.energy_total_j:.6g}",
-            schema.M_ENERGY_TOTAL_KWH: f"{result.energy_total_j / J_PER_KWH:.6g}",
+            schema.M_ENERGY_TOTAL_KWH: f"{kwh_from_j(result.energy_total_j):.6g}",
             schema.M_EMISSIONS_G: f"{result.emissions_g:.6g}",
             schema.M_DURATION_S: f"{result.duration_s:.6g}",
             schema.T_ENERGY_LABELS: _labels(list(result.energy_labels)),

@@ -23,7 +23,7 @@ from typing import Any
 from carbonflow.domain import Forecast, Plan
 from carbonflow.settings import CARBON_MODE_ENV, UI_REGION_ENV, carbon_mode, replay_text, ui_region_text
 from carbonflow.tracking import schema
-from carbonflow.units import J_PER_KWH
+from carbonflow.units import kwh_from_j
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class RunRow:
 
     @property
     def energy_total_kwh(self) -> float | None:
-        return None if self.energy_total_j is None else self.energy_total_j / J_PER_KWH
+        return None if self.energy_total_j is None else kwh_from_j(self.energy_total_j)
 
     def to_json(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}

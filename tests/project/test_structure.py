@@ -6,7 +6,9 @@
   reported as a warning, for information. An edge goes to the module named (``from carbonflow.x import y``
   goes to ``carbonflow.x.y`` when that is a module, else to ``carbonflow.x``), not to the parent packages
   Python also runs.
-* ``J_PER_KWH`` is defined, and 3.6e6 (in any spelling) written, only in ``carbonflow/units.py``.
+* ``J_PER_KWH`` is defined, used (imported, read), and 3.6e6 (in any spelling) written, only in
+  ``carbonflow/units.py``: elsewhere energy turns into kWh and emissions through its helpers
+  (``kwh_from_j``, ``emissions_g_from``, ``g_per_j``, ``j_from_kwh``).
 
 ``python -m tests.project.test_structure`` prints the graph's circles, lazy ones included.
 """
@@ -229,11 +231,17 @@ def _assigned_names(node: ast.AST) -> set[str]:
 
 
 def j_per_kwh_outside_units(source: str) -> list[str]:
-    """Where ``source`` defines ``J_PER_KWH`` or writes 3.6e6 itself, as ``line: what``."""
+    """Where ``source`` defines, imports or reads ``J_PER_KWH``, or writes 3.6e6 itself, as ``line: what``."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if "J_PER_KWH" in _assigned_names(node):
             found.append(f"{node.lineno}: defines J_PER_KWH")
+        elif isinstance(node, ast.ImportFrom) and any(a.name == "J_PER_KWH" for a in node.names):
+            found.append(f"{node.lineno}: imports J_PER_KWH")
+        elif (isinstance(node, ast.Name) and node.id == "J_PER_KWH" and isinstance(node.ctx, ast.Load)) or (
+            isinstance(node, ast.Attribute) and node.attr == "J_PER_KWH"
+        ):
+            found.append(f"{node.lineno}: uses J_PER_KWH")
         elif isinstance(node, ast.expr) and _number(node) == J_PER_KWH:
             found.append(f"{node.lineno}: the number {ast.unparse(node)}")
     for lineno, line in enumerate(source.splitlines(), 1):
@@ -243,13 +251,14 @@ def j_per_kwh_outside_units(source: str) -> list[str]:
 
 
 def test_j_per_kwh_defined_three_times_now_only_in_units() -> None:
-    """Finding: ``J_PER_KWH`` was defined 3 times and 3.6e6 written out 4 more times; units.py is its one home."""
+    """Finding: ``J_PER_KWH`` was defined 3 times and 3.6e6 written out 4 more times; units.py is its one home,
+    and the only module that reads it (the others call its helpers)."""
     offenders = {
         str(path.relative_to(REPO)): hits
         for path in sorted(PACKAGE.rglob("*.py"))
         if path != UNITS and (hits := j_per_kwh_outside_units(path.read_text(encoding="utf-8")))
     }
-    assert offenders == {}, f"import J_PER_KWH from carbonflow.units instead: {offenders}"
+    assert offenders == {}, f"use carbonflow.units' kwh_from_j / emissions_g_from / g_per_j instead: {offenders}"
     assert j_per_kwh_outside_units(UNITS.read_text(encoding="utf-8")), "carbonflow/units.py no longer defines it"
 
 
@@ -257,9 +266,10 @@ def test_the_j_per_kwh_finder_sees_every_spelling() -> None:
     source = (
         "J_PER_KWH = 3.6e6\nA: float = 3_600_000\nb = x / 3600000.0\nc = 3600 * 1000\n"
         "d = '3.6E+06 J'\n# 36e5\nfrom carbonflow.units import J_PER_KWH\ne = y / J_PER_KWH * 3600\n"
+        "import carbonflow.units as u\nf = u.J_PER_KWH\ng = kwh_from_j(y)\n"
     )
     lines = [int(hit.split(":")[0]) for hit in j_per_kwh_outside_units(source)]
-    assert lines == [1, 1, 1, 2, 2, 3, 3, 4, 5, 6]
+    assert lines == [1, 1, 1, 2, 2, 3, 3, 4, 5, 6, 7, 8, 10]  # the import (7) and both reads (8, 10) too
 
 
 def _report() -> None:
