@@ -158,6 +158,7 @@ def measure_neso_long(path: Path = NESO_LONG) -> dict:
     frame["rel"] = frame["err"] / frame["actual"]
     used = frame.dropna(subset=["rel"])
     days = sorted(used["issued_at"].str[:10].unique())
+    issues = frame["issued_at"].nunique()
     out = {
         "file": path.name,
         "sha256": _sha256(path),
@@ -165,8 +166,8 @@ def measure_neso_long(path: Path = NESO_LONG) -> dict:
         "pairs_used": len(used),
         "implausible_actuals_left_out": int(actual.notna().sum() - good.notna().sum()),
         "error_calibration_days": len(days),
-        "fitted_on": f"{len(days)} evening issues {days[0]} .. {days[-1]} (of {frame['issued_at'].nunique()}; "
-        "the others have no published actual in the archive)",
+        "fitted_on": f"{len(days)} evening issues {days[0]} .. {days[-1]} (of {issues}"
+        + ("; the others have no published actual in the archive)" if len(days) < issues else ")"),
         "lead_edges_h": list(LEAD_EDGES_H),
     }
     out.update(_bins(frame))

@@ -46,7 +46,7 @@ def test_biased_error_keeps_each_providers_bias_per_lead_time():
         i = int(np.searchsorted(edges, lead_h))
         assert drawn.mean() / 200.0 - 1 == pytest.approx(bias[i], abs=0.01)
         assert (drawn / 200.0).std() == pytest.approx(spread[i], rel=0.05)
-    # refitted on 89 issues: 12-24 h ahead NESO ran 6.6 % low (4 issues said +13 %)
+    # refitted on 91 issues: 12-24 h ahead NESO ran 6.6 % low (4 issues said +13 %)
     assert bias[2] == pytest.approx(-0.0661)
 
 
