@@ -613,7 +613,7 @@ def _advance_sweep(
 def _best_limit(sweep: _Sweep, gpus: list[Any], notes: list[str]) -> float | None:
     """The swept limit best for the job's objective (``choose_power_limit`` over the measured windows: time and
     power of the same work), within its ``max_slowdown``; the first limit when no window measured energy."""
-    from carbonflow.planning.optimizer import choose_power_limit
+    from carbonflow.objectives import choose_power_limit
 
     usable = [w for w in sweep.windows if w.samples > 0 and w.window_s > 0 and w.energy_window_s > 0]
     if not usable or any(w.power_limit_w is None for w in usable):

@@ -85,6 +85,8 @@ from carbonflow.domain import (
     ProfilePoint,
     parse_objective,
 )
+from carbonflow.objectives import choose_power_limit as choose_power_limit  # the planner's API, kept here
+from carbonflow.objectives import objective_for
 from carbonflow.planning.batch_size import (
     batch_size_explorer,
     batch_size_of,
@@ -98,7 +100,6 @@ from carbonflow.planning.costs import (
     pareto_front,
 )
 from carbonflow.planning.learning import JobHistory, RealisedRun, RunCostModel
-from carbonflow.planning.objectives import SlowdownConstraint, objective_for
 from carbonflow.planning.start_search import latest_starts, plan_starts, run_now_ci
 from carbonflow.units import emissions_g_from, nearest_minute
 
@@ -601,44 +602,6 @@ def _reason(
     if notes:
         text = f"{'; '.join(notes)} — {text}" if notes[0] == "DEADLINE AT RISK" else f"{text} ({'; '.join(notes)})"
     return text
-
-
-def choose_power_limit(
-    power_limits_w: Sequence[float],
-    time_s: Sequence[float],
-    power_w: Sequence[float],
-    *,
-    objective: str = "energy",
-    max_slowdown: float | None = 0.10,
-    default_power_limit_w: float | None = None,
-    max_power_w: float | None = None,
-) -> float:
-    """The best power limit for one device/job from its per-limit time and power for the same work.
-
-    ``time_s[i]`` and ``power_w[i]`` are the time and mean power of the same amount of work at
-    ``power_limits_w[i]``. The reference is ``default_power_limit_w`` (else the highest limit); limits slower
-    than ``(1 + max_slowdown) ×`` the reference are excluded (``max_slowdown=None``: no bound). Under a fixed
-    intensity the ``carbon`` objective equals ``energy``. Ties go to the higher limit (less slowdown).
-    O(len(power_limits_w)).
-    """
-    if not (len(power_limits_w) == len(time_s) == len(power_w)) or not power_limits_w:
-        raise ValueError(
-            f"power_limits_w, time_s, power_w must be non-empty and of equal length; got "
-            f"{len(power_limits_w)}, {len(time_s)}, {len(power_w)}"
-        )
-    pls = np.asarray(power_limits_w, dtype=float)
-    t = np.asarray(time_s, dtype=float)
-    e = t * np.asarray(power_w, dtype=float)
-    ref_i = (
-        int(np.argmax(pls)) if default_power_limit_w is None else int(np.argmin(np.abs(pls - default_power_limit_w)))
-    )
-    ref = Reference(energy_j=float(e[ref_i]), time_s=float(t[ref_i]), max_power_w=float(max_power_w or pls.max()))
-    obj = objective_for("energy" if parse_objective(objective)[0] == "carbon" else objective)
-    cost = obj.cost(e, t, e, ref)
-    ok = SlowdownConstraint(max_slowdown).allowed(t, ref)
-    scale = max(float(np.max(np.abs(cost))), 1e-300)
-    order = np.lexsort((-pls, np.round(cost / scale, 12), ~ok))
-    return float(pls[int(order[0])])
 
 
 def pareto_alternatives(plan: Plan) -> list[PlanAlternative]:
