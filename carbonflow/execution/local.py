@@ -64,6 +64,8 @@ class LocalBackend:
     name = "local"
     supports_deferral = False
     supports_shared = True
+    supports_in_run_profiling = True
+    """``RunOptions.train_after_sweep`` is honoured (the wrapper sweeps inside the training and trains on)."""
 
     def __init__(self, workdir: Path, *, python: str = sys.executable, trace_interval_s: float = 0.5) -> None:
         self.workdir = Path(workdir)

@@ -38,6 +38,10 @@ class EnergyProfileOperator(BaseOperator):
     :param poll_s: while deferred, how often the triggerer polls the run through the backend's ``poll``.
     :param kubernetes_conn_id: on ``backend="kubernetes"``, the Airflow connection (type ``kubernetes``) of the
         cluster: the provider's ``KubernetesHook`` makes the client (``kubernetes`` may override it: ``conn_id``).
+    :param probe: profile the highest power limit only (a short probe to plan the first run from); the job's first
+        training run then sweeps the limits inside itself and keeps that work (in-run profiling, the local
+        backend), and logs the full profile the next night reads. Off: the separate sweep, whose work is thrown
+        away.
     """
 
     template_fields: Sequence[str] = ("job", "backend")
@@ -55,9 +59,11 @@ class EnergyProfileOperator(BaseOperator):
         kubernetes_conn_id: str = DEFAULT_CONN_ID,
         deferrable: bool = True,
         poll_s: float = 10.0,
+        probe: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.probe = probe
         if poll_s <= 0:
             raise ValueError(f"poll_s={poll_s} is not allowed; it must be > 0 seconds")
         self.deferrable = deferrable
@@ -96,7 +102,7 @@ class EnergyProfileOperator(BaseOperator):
             return self._start_next(self._sweep(spec, devices), self._backend)
         profile = profile_job(
             with_connection_env(spec), self._backend, devices, samples_per_epoch=samples_per_epoch(spec),
-            step_w=self.step_w, on_progress=self._progress,
+            step_w=self.step_w, on_progress=self._progress, probe=self.probe,
         )  # fmt: skip
         self._log_profile(spec, profile)
         return profile.model_dump(mode="json")
@@ -142,7 +148,7 @@ class EnergyProfileOperator(BaseOperator):
         from carbonflow.profiling.profiler import ProfileSweep
 
         return ProfileSweep(spec, devices, samples_per_epoch=samples_per_epoch(spec), step_w=self.step_w,
-                            on_progress=self._progress, state=state)  # fmt: skip
+                            on_progress=self._progress, state=state, probe=self.probe)  # fmt: skip
 
     def _progress(self, key: str, done: int, planned: int) -> None:
         self.log.info("profiled %s (%d of at most %d configurations)", key, done, planned)

@@ -172,9 +172,15 @@ def profile_job(
     samples_per_epoch: int | None = None,
     step_w: float = DEFAULT_STEP_W,
     on_progress: Callable[[str, int, int], None] | None = None,
+    probe: bool = False,
 ) -> Profile:
-    """Profile ``spec`` and return its Profile; ``on_progress(config_key, done, planned)`` reports progress."""
-    sweep = ProfileSweep(spec, devices, samples_per_epoch=samples_per_epoch, step_w=step_w, on_progress=on_progress)
+    """Profile ``spec`` and return its Profile; ``on_progress(config_key, done, planned)`` reports progress.
+
+    ``probe``: a short single-limit probe (the highest limit only), enough to plan the first run, which then
+    sweeps the limits inside itself and keeps that work (:func:`in_run_options`); the probe's own work is thrown
+    away like a profile's."""
+    sweep = ProfileSweep(spec, devices, samples_per_epoch=samples_per_epoch, step_w=step_w, on_progress=on_progress,
+                         probe=probe)  # fmt: skip
     while (planned := sweep.next_run()) is not None:
         sweep.add(backend.execute(spec, *planned))
     return sweep.profile()
@@ -206,12 +212,15 @@ class ProfileSweep:
         step_w: float = DEFAULT_STEP_W,
         on_progress: Callable[[str, int, int], None] | None = None,
         state: SweepState | None = None,
+        probe: bool = False,
     ) -> None:
         self.spec, self.devices = spec, devices
         self.samples_per_epoch, self.on_progress = samples_per_epoch, on_progress
         gpus = [d for d in devices if d.kind == "gpu"]
         self.gpu = gpus[0] if gpus else None
         self.limits = candidate_power_limits_w(spec, self.gpu, step_w)
+        if probe:  # one limit, the highest: the first training run sweeps the rest inside itself
+            self.limits = self.limits[:1]
         self.counts = list(range(spec.min_containers, spec.max_containers + 1))
         self.planned = len(self.counts) * len(self.limits)
         self.label = (

@@ -42,6 +42,10 @@ class JobOutcome:
     tracking: dict[str, Any]
     result: RunResult | None = None
     reused: bool = field(default=False, metadata={"doc": "an earlier try of this task had trained and logged it"})
+    profile: Profile | None = field(
+        default=None,
+        metadata={"doc": "what the training measured of its power limits inside itself (in-run profiling)"},
+    )
 
     @property
     def failure(self) -> str | None:
@@ -74,12 +78,15 @@ class JobOutcome:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "plan": self.plan.model_dump(mode="json"),
             "result": self.result.model_dump(mode="json") if self.result else None,
             "tracking": self.tracking,
             "reused": self.reused,
         }
+        if self.profile is not None:
+            out["profile"] = self.profile.model_dump(mode="json")
+        return out
 
 
 @dataclass
@@ -268,11 +275,25 @@ class RunSession:
             return self._launch_pair(state, clock)
         member = state.members[0]
         self.log.info("launching %s with %s", member.job.name, member.plan.config.key())
+        from carbonflow.session.in_run import in_run_options_for, learn_profile
+
+        in_run = in_run_options_for(member.job, member.profile, member.plan, self._backend,
+                                    shadow=member.would_have is not None)  # fmt: skip
+        if in_run is not None:
+            self.log.info("%s: its batch size has no profiled limits; the training sweeps them inside itself and "
+                          "keeps that work (in-run profiling)", member.job.name)  # fmt: skip
         try:
-            wrapped = self._backend.execute(member.job, member.plan, run_name="train")
+            if in_run is not None:  # its run_name is "train" too
+                wrapped = self._backend.execute(member.job, member.plan, in_run)
+            else:
+                wrapped = self._backend.execute(member.job, member.plan, run_name="train")
         finally:
             self._tell_training_log("train")
-        return _outcome(state, [self._account_and_log(member, member.plan, wrapped, state, clock)])
+        outcome = self._account_and_log(member, member.plan, wrapped, state, clock)
+        if in_run is not None:
+            outcome.profile = learn_profile(member.job, member.profile, member.plan, wrapped, self.tracking_uri,
+                                            self.log)  # fmt: skip
+        return _outcome(state, [outcome])
 
     def _tell_training_log(self, run_name: str) -> None:
         """Repeat the wrapper's first line (the command, its directory and interpreter) in the task log and say

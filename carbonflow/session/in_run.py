@@ -1,0 +1,50 @@
+"""In-run profiling in a session: a solo training at a batch size its profile has not swept (none, or a single-limit
+probe) sweeps its power limits inside itself, keeps that work, trains on at the best limit for its objective, and
+the profile it measured is logged where the next night's planner reads profiles (MLflow, as a separate profile).
+
+Only a backend that can run it says so (``supports_in_run_profiling``: the local one); elsewhere, and for an
+observe-only job or a pair, the separate profile stays (charged in full: its work is thrown away)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from carbonflow.domain import JobSpec, Plan, Profile
+
+log = logging.getLogger(__name__)
+
+
+def in_run_options_for(spec: JobSpec, profile: Profile | None, plan: Plan, backend: Any, shadow: bool) -> Any:
+    """The run options that make this training profile itself, or None (it runs as planned)."""
+    from carbonflow.energy.discovery import discover_devices
+    from carbonflow.profiling.profiler import in_run_options, needs_in_run_profile
+
+    if shadow or not getattr(backend, "supports_in_run_profiling", False) or plan.config.power_limit_w is None:
+        return None
+    if not needs_in_run_profile(spec, profile, plan.config):
+        return None
+    return in_run_options(spec, discover_devices(spec.simulated_gpu, include_cpu=True))
+
+
+def learn_profile(
+    spec: JobSpec, profile: Profile | None, plan: Plan, wrapped: Any, tracking_uri: str | None, logger: Any = log
+) -> Profile | None:
+    """The profile the training measured inside itself, merged into ``profile`` and logged to MLflow (None: it
+    measured nothing usable; the run's training result stands either way)."""
+    from carbonflow.energy.discovery import discover_devices
+    from carbonflow.execution.commands import samples_per_epoch
+    from carbonflow.profiling.profiler import ProfilingError, profile_from_training
+    from carbonflow.tracking.logger import log_profile
+
+    devices = discover_devices(spec.simulated_gpu, include_cpu=True)
+    try:
+        learned = profile_from_training(spec, devices, plan.config, wrapped, samples_per_epoch=samples_per_epoch(spec),
+                                        earlier=profile)  # fmt: skip
+    except ProfilingError as err:
+        logger.warning("%s: in-run profiling measured nothing usable (%s); the next night profiles it", spec.name, err)
+        return None
+    outcome = log_profile(spec, learned, tracking_uri=tracking_uri)
+    logger.info("%s: in-run profile of %d configurations logged (%s)", spec.name, len(learned.points),
+                getattr(outcome, "run_id", None) or getattr(outcome, "reason", "spooled"))  # fmt: skip
+    return learned
