@@ -31,8 +31,10 @@ Writes ``benchmarks/results/carbon_windows.json``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,7 +45,15 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from carbonflow.carbon.calibration import CALIBRATION_PATH, default_error_model, sample_biased  # noqa: E402
+import carbonflow.carbon.windows as windows  # noqa: E402
+from carbonflow.carbon.calibration import (  # noqa: E402
+    CALIBRATION_PATH,
+    default_error_model,
+    measure_neso_long,
+    model_from,
+    pool,
+    sample_biased,
+)
 from carbonflow.carbon.traces import Trace, load_trace  # noqa: E402
 from carbonflow.carbon.windows import (  # noqa: E402
     DEFAULT_RISK_AVERSION,
@@ -137,6 +147,19 @@ def _choices(
     return plain, np.argmin(score, axis=1)
 
 
+def nowcast_rows(fc: np.ndarray, last_actual: np.ndarray, slot_h: float, phi_per_h: float):
+    """Vectorised ``windows.nowcast`` for forecasts issued at the decision time (row ``r`` of ``fc`` starts at
+    now; ``last_actual[r]`` is the slot that ended then): (corrected forecasts, share of error variance left)."""
+    weight = phi_per_h ** ((np.arange(fc.shape[1]) + 1.0) * slot_h)  # centre-to-centre lag of slot k, hours
+    if not windows.NOWCAST:
+        return fc, np.ones(fc.shape)
+    ok = (fc[:, :1] > 0) & (last_actual[:, None] > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_r = np.where(ok, np.log(np.where(ok, last_actual[:, None] / np.where(ok, fc[:, :1], 1.0), 1.0)), 0.0)
+    left = np.where(ok, 1.0 - weight[None, :] ** 2, 1.0)
+    return fc * np.exp(log_r * weight[None, :]), left
+
+
 def _profiles(a: np.ndarray, starts: np.ndarray, horizon: int, slot_h: float) -> tuple[np.ndarray, np.ndarray]:
     """Vectorised ``windows.daily_profile`` on a regular gap-free series: same time on the 7 latest known days."""
     day = round(24 / slot_h)
@@ -184,6 +207,7 @@ def simulate(trace: Trace, seeds: int, risk_aversion: float, starts_every_h: flo
     lead_h = (horizon + 1) * slot_h
     sigma_rel = model.sigma_rel(lead_h)
     profile, profile_var = _profiles(a, starts, max_len, slot_h)
+    last_actual = a[starts - 1]  # the slot that ended at each start: the product's nowcast
     forecasts = []  # (provider, forecast) per seed and provider: each provider's own biased error
     for which in ERROR_PROVIDERS:
         for seed in range(seeds):
@@ -203,7 +227,9 @@ def simulate(trace: Trace, seeds: int, risk_aversion: float, starts_every_h: flo
             # (a) perfect forecasts: plain = oracle; robust still shrinks by the calibrated error, as in production
             def robust_w(fc: np.ndarray, span: int = span, length: int = length) -> tuple[np.ndarray, np.ndarray]:
                 sig = fc[:, :span] * sigma_rel[None, :span]
-                post = shrink_toward_profile(fc[:, :span], sig, profile[:, :span], profile_var[:, :span])
+                now_fc, left = nowcast_rows(fc[:, :span], last_actual, slot_h, model.phi_per_h)
+                sig = sig * np.sqrt(left) if windows.NOWCAST_GUARD else sig
+                post = shrink_toward_profile(now_fc, sig, profile[:, :span], profile_var[:, :span])
                 return _window_means(post, length), _window_means(sig, length)
 
             rob_w, sig_w = robust_w(actual_mat)
@@ -493,6 +519,44 @@ def published(trace: Trace, risk_aversion: float, at_issue_only: bool = False) -
     return out
 
 
+def split_half(path: Path = NESO_LONG) -> dict:
+    """The published NESO figures on the second half of its issues (by issue time), with the product's error model
+    as shipped (fitted on every issue, the judged ones included) and refitted on the first half only (NESO's
+    source refitted, pooled with CarbonCast as shipped): what fitting on the data judged is worth."""
+    trace = load_neso_long(path)
+    assert trace.forecasts is not None
+    times = sorted(trace.forecasts["issued_at"].unique())
+    cut = times[len(times) // 2]
+    frame = pd.read_csv(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        first = Path(tmp) / path.name
+        frame[pd.to_datetime(frame["issued_at"], utc=True) < cut].to_csv(first, index=False)
+        doc = json.loads(CALIBRATION_PATH.read_text())
+        doc["sources"]["neso-gb-national"] = measure_neso_long(first)
+    doc["pooled"] = pool(doc["sources"])
+    later = dataclasses.replace(trace, forecasts=trace.forecasts[trace.forecasts["issued_at"] >= cut])
+    out: dict = {
+        "judged_issues": f"{len(times) - len(times) // 2} issues from {pd.Timestamp(cut).isoformat()}",
+        "first_half_fit_days": doc["sources"]["neso-gb-national"]["error_calibration_days"],
+    }
+    for label, model in (("shipped_fit", default_error_model()), ("first_half_fit", model_from(doc))):
+        saved = windows.default_error_model
+        windows.default_error_model = lambda which="pooled", m=model: m  # what the start search reads
+        try:
+            every, first_h = published(later, 0.0), published(later, 0.0, at_issue_only=True)
+        finally:
+            windows.default_error_model = saved
+        for tag, res in (("", every), ("at_issue_", first_h)):
+            for kind in ("product_replan", "product_no_history"):
+                out[f"{label}.{tag}{kind}_fraction_of_oracle"] = _mean(
+                    [v[f"{kind}_fraction_of_oracle"] for v in res.values()]
+                )
+            out[f"{label}.{tag}share_worse_by_1pct_max"] = max(
+                v["product_replan_share_worse_than_run_now_by_1pct"] for v in res.values()
+            )
+    return out
+
+
 def product_start(
     forecast: Forecast, duration_s: float, now: datetime, finish_by: datetime, history: list[ForecastPoint] | None
 ) -> datetime:
@@ -569,7 +633,9 @@ def check_against_choose_start(trace: Trace, risk_aversion: float, n: int = 5) -
         )
         profile, pvar = _profiles(a, np.array([i]), span, slot_h)
         sig = f * model.sigma_rel(lead)[None, :]
-        post = shrink_toward_profile(f, sig, profile, pvar)
+        now_f, left = nowcast_rows(f, a[i - 1 : i], slot_h, model.phi_per_h)
+        sig = sig * np.sqrt(left) if windows.NOWCAST_GUARD else sig
+        post = shrink_toward_profile(now_f, sig, profile, pvar)
         _, r = _choices(
             _window_means(f, length),
             _window_means(post, length),
@@ -653,6 +719,15 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"note: {note}")
 
     summary = summarise(rows, at_issue)
+    if any(p.resolve() == NESO_LONG.resolve() for p in published_paths):
+        summary["neso_split_half"] = split_half(NESO_LONG)
+    choice = ROOT / "benchmarks" / "results" / "start_guard_choice.json"
+    summary["start_choice"] = {
+        "start_guard_z": START_GUARD_Z,
+        "nowcast": windows.NOWCAST,
+        "nowcast_narrows_guard": windows.NOWCAST_GUARD,
+        "chosen_by": json.loads(choice.read_text()) if choice.exists() else None,
+    }
     command = "python benchmarks/carbon_windows.py" + (" --quick" if args.quick else "")
     command += "".join(f" --trace {p}" for p in args.trace or []) + "".join(
         f" --published {p}" for p in args.published or []

@@ -35,6 +35,16 @@ START_GUARD_Z = 1.0
 standard deviations of (its error - run-now's error), less ``START_GUARD_TOLERANCE`` of run-now's intensity."""
 START_GUARD_TOLERANCE = 0.01
 """The loss against running at once that the guard tolerates (a fraction of run-now's expected intensity)."""
+NOWCAST = True
+"""With recent actuals, the newest one that ended by the decision corrects the forecast's level (:func:`nowcast`).
+Chosen, with ``NOWCAST_GUARD`` and ``START_GUARD_Z``, on the simulated traces only by
+``benchmarks/choose_start_guard.py`` (rule and table in ``benchmarks/results/start_guard_choice.json``)."""
+NOWCAST_GUARD = False
+"""Whether the nowcast also narrows the error the safer-start guard allows for (the AR(1) conditional variance);
+off: on the simulated traces it needed a larger z for the same share of worse starts and kept less of the cut."""
+NOWCAST_MAX_AGE_S = 3600.0
+"""The newest actual corrects the forecast (:func:`nowcast`) only when it ended at most this long before the
+decision (an hourly series' last slot; older, the forecast is left as issued)."""
 HISTORY_DAYS = 7
 HISTORY_MAX_BACK_DAYS = 14
 _DAY_S = 86400.0
@@ -266,6 +276,36 @@ def _validate(duration_s: float, earliest: datetime, finish_by: datetime, step_s
     return require_utc("earliest", earliest), require_utc("finish_by", finish_by)
 
 
+def nowcast(
+    t0: np.ndarray,
+    t1: np.ndarray,
+    val: np.ndarray,
+    history: Sequence[ForecastPoint] | None,
+    now_s: float,
+    phi_per_h: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(the forecast corrected by the newest actual, the share of each slot's error variance left).
+
+    The forecast's error is an AR(1) process along the lead time (the calibration's ``phi_per_h``), so the error
+    seen now carries over to a slot ``h`` hours later with weight ``phi ** h``: with ``r`` = log(newest actual
+    that ended by ``now_s``, at most ``NOWCAST_MAX_AGE_S`` before it / the forecast of the slot holding now), each
+    slot becomes ``value x exp(r phi ** h)`` and keeps ``1 - phi ** 2h`` of its error variance. An old issue's
+    level is corrected where the next hours are concerned and left alone far ahead. No actual ended by now (or
+    none recent, or a value <= 0): the forecast unchanged. Actuals after ``now_s`` are never read."""
+    left = np.ones_like(val)
+    if not history or val.size == 0:
+        return val, left
+    h0, h1, hv = _arrays(history)
+    known = (h1 <= now_s + 1e-6) & (h1 >= now_s - NOWCAST_MAX_AGE_S) & (hv > 0)
+    ahead = np.flatnonzero(t1 > now_s + 1e-6)
+    if not known.any() or not ahead.size or val[ahead[0]] <= 0:
+        return val, left
+    j = int(np.flatnonzero(known)[-1])
+    lag_h = np.maximum(0.5 * (t0 + t1) - 0.5 * (h0[j] + h1[j]), 0.0) / 3600.0
+    weight = float(phi_per_h) ** lag_h
+    return val * np.exp(math.log(hv[j] / val[ahead[0]]) * weight), 1.0 - weight**2
+
+
 def _robust_series(
     forecast: Forecast,
     t0: np.ndarray,
@@ -274,11 +314,17 @@ def _robust_series(
     window: tuple[float, float],
     history: Sequence[ForecastPoint] | None,
     error_model: LeadTimeErrorModel | None,
+    now_s: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """(posterior values, per-slot error sigma, number of slots shrunk) for the slots overlapping ``window``."""
+    """(posterior values, per-slot error sigma, number of slots shrunk) for the slots overlapping ``window``;
+    with ``now_s`` (the decision time) the forecast is first corrected by the newest actual (:func:`nowcast`)."""
     sig = _sigma_abs(forecast, t1, val, error_model)
     if not history:
         return val, sig, 0
+    if now_s is not None and NOWCAST:
+        phi = (error_model or default_error_model()).phi_per_h
+        val, left = nowcast(t0, t1, val, history, now_s, phi)
+        sig = sig * np.sqrt(left) if NOWCAST_GUARD else sig
     sel = (t1 > window[0]) & (t0 < window[1])
     profile, pvar = daily_profile(t0[sel], t1[sel] - t0[sel], history, forecast.issued_at.timestamp())
     post = val.copy()
@@ -350,7 +396,7 @@ def held_window_means(
     t0, t1, val = _held(t0, t1, val, lo, hi + 1.0)
     if history:
         o = origin.timestamp()
-        val, _, _ = _robust_series(forecast, t0 + o, t1 + o, val, (o + lo, o + hi + 1.0), history, error_model)
+        val, _, _ = _robust_series(forecast, t0 + o, t1 + o, val, (o + lo, o + hi + 1.0), history, error_model, now_s=o)
     x, f, c = _cumulative(t0, t1, val)  # seconds after origin: no precision lost to epoch timestamps
     mean, _ = _window_stats(x, f, c, start, start + np.maximum(dur, 1e-6))
     return mean
@@ -445,7 +491,7 @@ def search_starts(
         raise ValueError(f"guard_z={guard_z!r} is not allowed; give a number >= 0 (0 turns the guard off)")
     if run.size and (history or risk_aversion > 0 or z > 0):
         window = (e0, e0 + float(np.max(start + dur)))
-        post, sig, shrunk = _robust_series(forecast, t0 + e0, t1 + e0, val, window, history, error_model)
+        post, sig, shrunk = _robust_series(forecast, t0 + e0, t1 + e0, val, window, history, error_model, e0)
         xp, fp, cp = _cumulative(t0, t1, post)
         score, _ = _window_stats(xp, fp, cp, start, start + dur)
         if risk_aversion > 0 or z > 0:
@@ -630,7 +676,7 @@ def choose_intervals(
     t0, t1, val = _arrays(forecast.points)
     score = val
     if robust:
-        score, _, _ = _robust_series(forecast, t0, t1, val, (e0, fb), history, error_model)
+        score, _, _ = _robust_series(forecast, t0, t1, val, (e0, fb), history, error_model, e0)
     a, b = np.maximum(t0, e0), np.minimum(t1, fb)
     keep = b > a
     if (b[keep] - a[keep]).sum() < duration_s * _COVERED:

@@ -241,3 +241,31 @@ def test_the_start_guard_is_a_setting_with_a_clear_error(monkeypatch):
     monkeypatch.setenv("CARBONFLOW_START_GUARD_Z", "lots")
     with pytest.raises(ValueError, match=r"CARBONFLOW_START_GUARD_Z='lots' is not allowed; give a number from 0"):
         choose_start(fc(far), 2 * 3600, T0, T0 + timedelta(hours=24))
+
+
+def test_nowcast_corrects_the_level_near_and_leaves_it_far_and_never_reads_ahead():
+    from carbonflow.carbon.windows import nowcast
+
+    now = T0 + timedelta(hours=24)
+    t0 = now.timestamp() + 3600.0 * np.arange(48)
+    val = np.full(48, 200.0)
+    past = series([100.0] * 24, start=T0)  # the issue said 200; the slot that just ended was 100
+    out, left = nowcast(t0, t0 + 3600.0, val, past, now.timestamp(), 0.9)
+    assert out[0] == pytest.approx(200.0 * np.exp(np.log(0.5) * 0.9))  # one hour centre to centre
+    assert out[0] < out[5] < out[47] and out[47] == pytest.approx(200.0, rel=0.01)
+    assert left[0] == pytest.approx(1 - 0.81) and left[47] == pytest.approx(1.0, abs=0.01)
+    future = series([100.0] * 24 + [1.0] * 48, start=T0)  # actuals after now are never read
+    again, _ = nowcast(t0, t0 + 3600.0, val, future, now.timestamp(), 0.9)
+    assert np.array_equal(again, out)
+    stale, unchanged = nowcast(t0, t0 + 3600.0, val, past, now.timestamp() + 3 * 3600.0, 0.9)
+    assert np.array_equal(stale, val) and np.all(unchanged == 1.0)  # newest actual too old: as issued
+
+
+def test_choose_start_uses_the_newest_actual_and_no_later_one():
+    issued = T0 + timedelta(days=8)
+    values = [300.0] * 6 + [250.0] * 18  # as issued: a later start looks 17 % cleaner
+    past = series([300.0] * (8 * 24), start=T0)
+    after = past + series([50.0] * 24, start=issued)  # what happens after the decision, unknown then
+    a = choose_start(fc(values, issued), 3600.0, issued, issued + timedelta(hours=12), history=past)
+    b = choose_start(fc(values, issued), 3600.0, issued, issued + timedelta(hours=12), history=after)
+    assert a.start == b.start
