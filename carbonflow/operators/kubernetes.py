@@ -12,6 +12,7 @@ in the operator's ``kubernetes`` options overrides the connection's, as the prov
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,9 @@ DEFAULT_CONN_ID = "kubernetes_default"
 """The provider's default connection id (``KubernetesHook.default_conn_name``)."""
 OVERRIDES = (("config_file", "config_file"), ("context", "cluster_context"), ("in_cluster", "in_cluster"))
 """carbonflow's option → the hook's argument that overrides the connection's field."""
+
+
+_CLIENT_LOCK = threading.Lock()
 
 
 class KubernetesConnectionError(ValueError):
@@ -80,9 +84,12 @@ def _extras(hook: KubernetesHook, conn_id: str) -> dict[str, Any]:
 
 
 def _client(hook: KubernetesHook, conn_id: str) -> Any:
-    """The hook's ``ApiClient``; a connection that cannot make one fails naming it."""
+    """The hook's ``ApiClient``; a connection that cannot make one fails naming it. One at a time: the hook loads
+    the kubeconfig into the kubernetes client's process-wide default configuration and copies it into the client,
+    and the triggerer makes clients in threads, maybe from different connections."""
     try:
-        return hook.get_conn()
+        with _CLIENT_LOCK:
+            return hook.get_conn()
     except Exception as err:
         raise KubernetesConnectionError(
             f"kubernetes_conn_id={conn_id!r}: the Kubernetes client could not be made from this connection "
