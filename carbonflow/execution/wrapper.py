@@ -526,7 +526,8 @@ def _run_on(
     from carbonflow.accounting.energy import device_energies
 
     per_device = device_energies(total, devices)
-    ran_at_w = sweep.chosen_w if sweep is not None and sweep.chosen_w is not None else plan.config.power_limit_w
+    # an in-run profile's training ran on at the limit its sweep chose (None: it ended mid-sweep, at several)
+    ran_at_w = sweep.chosen_w if sweep is not None and sweep.keep_training else plan.config.power_limit_w
     for entry in per_device:
         if entry.kind == "gpu":
             entry.power_limit_w = ran_at_w if applied and not profiling_only else None

@@ -48,3 +48,14 @@ def learn_profile(
     logger.info("%s: in-run profile of %d configurations logged (%s)", spec.name, len(learned.points),
                 getattr(outcome, "run_id", None) or getattr(outcome, "reason", "spooled"))  # fmt: skip
     return learned
+
+
+def ran_as(plan: Plan, wrapped: Any) -> Plan:
+    """The plan as the in-run profiled training ran it: at the limit its sweep chose (its run is logged and learned
+    from at that configuration); unchanged when it ended mid-sweep."""
+    if wrapped.power_limit_w is None or wrapped.power_limit_w == plan.config.power_limit_w:
+        return plan
+    config = plan.config.model_copy(update={"power_limit_w": wrapped.power_limit_w})
+    reason = (f"{plan.reason}; in-run profiling: planned at {plan.config.power_limit_w:g} W from a probe, swept the "
+              f"limits inside the training and trained on at {wrapped.power_limit_w:g} W")  # fmt: skip
+    return plan.model_copy(update={"config": config, "reason": reason})

@@ -275,7 +275,7 @@ class RunSession:
             return self._launch_pair(state, clock)
         member = state.members[0]
         self.log.info("launching %s with %s", member.job.name, member.plan.config.key())
-        from carbonflow.session.in_run import in_run_options_for, learn_profile
+        from carbonflow.session.in_run import in_run_options_for, learn_profile, ran_as
 
         in_run = in_run_options_for(member.job, member.profile, member.plan, self._backend,
                                     shadow=member.would_have is not None)  # fmt: skip
@@ -289,7 +289,8 @@ class RunSession:
                 wrapped = self._backend.execute(member.job, member.plan, run_name="train")
         finally:
             self._tell_training_log("train")
-        outcome = self._account_and_log(member, member.plan, wrapped, state, clock)
+        plan = member.plan if in_run is None else ran_as(member.plan, wrapped)
+        outcome = self._account_and_log(member, plan, wrapped, state, clock)
         if in_run is not None:
             outcome.profile = learn_profile(member.job, member.profile, member.plan, wrapped, self.tracking_uri,
                                             self.log)  # fmt: skip

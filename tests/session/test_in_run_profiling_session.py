@@ -63,6 +63,10 @@ def test_the_first_run_profiles_itself_keeps_its_work_and_logs_the_profile_the_n
     assert any(note.startswith(IN_RUN_PROFILE) for note in job.profile.notes)
     assert not needs_in_run_profile(spec, job.profile, state.members[0].plan.config)
     assert "profile" in job.to_json()
+    # logged and learned from at the limit it trained on at (the wrapper's note names it)
+    ran_at = job.plan.config.power_limit_w
+    assert ran_at in {150.0, 200.0, 250.0}
+    assert any(f"trained on at {ran_at:g} W" in note for note in job.result.notes), job.result.notes
     # the next night's profile task reads it from MLflow as it reads a separate profile
     found = latest_profile(spec.name, job.profile.device_model, spec.code_version, 3600, utcnow())
     assert found is not None and len(found.points) == 3
