@@ -1,4 +1,5 @@
-"""benchmarks/vs_zeus.py: carbonflow charged as the product runs (every profile a separate pass, paid in full), the
+"""benchmarks/vs_zeus.py: both sides charged by one rule, as the product runs with in-run profiling (the first run
+at a batch size sweeps its limits and keeps the work; carbonflow's probes are separate passes paid in full), the
 targets read on seeds the explorer was not developed on, and Zeus's outcomes reused only where they are Zeus's."""
 
 from __future__ import annotations
@@ -56,40 +57,62 @@ def _tiny(vz, epochs: float = 3.0):
     return vz.Workload(train, power, ("cifar100", "net", "sgd", 0.5, 10, 64))
 
 
-def test_vs_zeus_charges_profiling_by_zeus_rule_unless_told_otherwise():
+def test_vs_zeus_charges_both_sides_by_the_product_window_unless_told_otherwise():
     vz = _load()
     dataset = next(iter(vz.SAMPLES_PER_EPOCH))
     w = SimpleNamespace(power_limits=[100, 150, 200, 250], dataset=dataset)
-    assert vz.PROFILING_RULE == "zeus"
-    assert vz.profile_slice_epochs(w, 64) == pytest.approx(0.25)  # 1/|P| of the first epoch per limit, as Zeus
-    vz.PROFILING_RULE = "own"
-    own = min(vz.PROFILE_STEPS * 64 / vz.SAMPLES_PER_EPOCH[dataset], 0.25)
-    assert vz.profile_slice_epochs(w, 64) == pytest.approx(own)
+    assert vz.PROFILING_RULE == "product"
+    product = min(vz.PROFILE_STEPS * 64 / vz.SAMPLES_PER_EPOCH[dataset], 0.25)
+    assert vz.profile_slice_epochs(w, 64) == pytest.approx(product)
+    vz.PROFILING_RULE = "zeus"  # information only: Zeus's simulator's window, 1/|P| of an epoch per limit
+    assert vz.profile_slice_epochs(w, 64) == pytest.approx(0.25)
 
 
-def test_carbonflow_pays_its_default_profile_in_full_as_a_separate_pass():
+def test_under_zeus_window_the_in_run_sweep_is_zeus_simulators_first_epoch():
     vz = _load()
     w = _tiny(vz)
-    # by hand: the profile runs half an epoch at each limit and is thrown away; then 4 runs of 3 epochs at the
-    # limit the product's choose_power_limit picks from it (zeus:0.5, MAXPOWER 200 W)
-    profile_e = 0.5 * (120 * 90 + 100 * 150)
-    profile_t = 0.5 * (120 + 100)
-    profile = zeus_cost(profile_e, profile_t, 0.5, 200.0)
+    vz.PROFILING_RULE = "zeus"
+    # Zeus's _run_job: the first epoch is the mean over the limits, the rest at the chosen limit
+    energy, time_s = vz.sweep_extra(w, 64, 100)
+    assert energy == pytest.approx((120 * 90 + 100 * 150) / 2 - 120 * 90)
+    assert time_s == pytest.approx((120 + 100) / 2 - 120)
+
+
+def test_carbonflow_sweeps_in_its_first_run_and_keeps_the_work():
+    vz = _load()
+    w = _tiny(vz)
+    f = min(vz.PROFILE_STEPS * 64 / vz.SAMPLES_PER_EPOCH["cifar100"], 0.5)
     at = {pl: zeus_cost(3 * t * p, 3 * t, 0.5, 200.0) for pl, t, p in ((100, 120, 90), (200, 100, 150))}
-    chosen = min(at, key=at.get)
-    assert chosen == 100  # 0.5*32400 + 0.5*200*360 = 52 200 < 0.5*45000 + 0.5*200*300 = 52 500
+    assert vz.chosen_limit(w, 64) == 100  # 0.5*32400 + 0.5*200*360 = 52 200 < 0.5*45000 + 0.5*200*300 = 52 500
+    # by hand: the first run sweeps both limits for f of an epoch each, keeps that work (still 3 epochs) and pays
+    # only what the 200 W window adds over running it at 100 W: f*(15000-10800) J and f*(100-120) s
+    extra_e, extra_t = f * (100 * 150 - 120 * 90), f * (100 - 120)
+    extra = zeus_cost(extra_e, extra_t, 0.5, 200.0)
+    # the first night is planned from a probe of the default at its highest limit: a separate pass, paid in full
+    probe = zeus_cost(f * 100 * 150, f * 100, 0.5, 200.0)
     out = vz.simulate_carbonflow(w, 4, seed=7, with_bs=False)
-    assert out.profiles == 1
-    assert out.profiling_cost == pytest.approx(profile)
-    assert out.cost == pytest.approx(profile + 4 * at[chosen])
-    assert out.energy_j == pytest.approx(profile_e + 4 * 3 * 120 * 90)
+    assert (out.sweeps, out.profiles) == (1, 1) and out.profiling_cost == pytest.approx(probe)
+    assert out.sweep_cost == pytest.approx(extra)
+    assert out.cost == pytest.approx(probe + 4 * at[100] + extra)
+    assert out.energy_j == pytest.approx(f * 100 * 150 + 4 * 3 * 120 * 90 + extra_e)
     assert out.configs == [(64, 100)] * 4
-    # with the explorer (one batch size: nothing else to profile) the same bill
+    # with the explorer (one batch size: nothing more to probe) the same bill
     full = vz.simulate_carbonflow(w, 4, seed=7, with_bs=True)
-    assert full.cost == pytest.approx(out.cost) and full.profiles == 1
-    # the default pays no profile at all
+    assert full.cost == pytest.approx(out.cost) and full.profiles == 1 and full.sweeps == 1
+    # the default pays no profile at all; one profile is the default batch size's probe and sweep extra
     assert vz.simulate_default(w, 4, seed=7).cost == pytest.approx(4 * at[200])
-    assert vz.one_profile_cost(w, 64) == pytest.approx(profile)
+    assert vz.one_profile_cost(w, 64) == pytest.approx(probe + extra)
+
+
+def test_a_probe_is_a_separate_pass_charged_in_full():
+    vz = _load()
+    w = _tiny(vz)
+    out = vz.Outcome()
+    f = min(vz.PROFILE_STEPS * 64 / vz.SAMPLES_PER_EPOCH["cifar100"], 0.5)
+    cost = vz.probe_pass(w, 64, 200, out)
+    assert cost == pytest.approx(zeus_cost(f * 100 * 150, f * 100, 0.5, 200.0))
+    assert (out.cost, out.profiling_cost, out.profiles) == (pytest.approx(cost), pytest.approx(cost), 1)
+    assert vz.probe_limit(w, 64, 180) == 200 and vz.probe_limit(w, 64, 150) == 200 and vz.probe_limit(w, 64, 110) == 100
 
 
 def test_summary_targets_read_the_pairs_and_one_profile():
@@ -111,8 +134,9 @@ def test_summary_targets_read_the_pairs_and_one_profile():
             "carbonflow_pl_cumulative_over_zeus_pl": None,
             "carbonflow_profiles_mean": 1.0,
             "carbonflow_profiling_passes_over_zeus": 0.01,
+            "carbonflow_in_run_sweeps_over_zeus": 0.001,
             "per_seed_max": {"carbonflow_cumulative_over_zeus": cf_zeus},
-            "zeus": {"cumulative_cost": 1.0},
+            "zeus": {"cumulative_cost": 1.0, "final_configs": [[64, 100]]},
             "carbonflow": {"cumulative_cost": cf_zeus, "final_configs": [[64, 100]]},
             "zeus_pl": None,
             "carbonflow_pl": None,
