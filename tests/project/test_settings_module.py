@@ -7,7 +7,7 @@
   a constant imported from another carbonflow module, or built (``PREFIX + "HOME"``, an f-string). Building
   a child's environment (a dict passed to ``subprocess``) is not a read.
 * The home has one resolver (:func:`carbonflow.settings.home_dir`) with one default, the documented one.
-* ``J_PER_KWH`` is defined, and 3.6e6 written, only in ``carbonflow/units.py``
+* ``J_PER_KWH`` is defined, read, and 3.6e6 written, only in ``carbonflow/units.py``
   (:func:`tests.project.test_structure.j_per_kwh_outside_units`, checked again here on planted sources).
 
 Each checker is run on a small planted source, so a test fails when its checker goes blind.
@@ -501,7 +501,7 @@ def test_j_per_kwh_is_defined_only_in_units() -> None:
         for path in sorted(PACKAGE.rglob("*.py"))
         if path != units and (hits := j_per_kwh_outside_units(path.read_text(encoding="utf-8")))
     }
-    assert offenders == {}, f"import J_PER_KWH from carbonflow.units instead: {offenders}"
+    assert offenders == {}, f"use carbonflow.units' kwh_from_j / emissions_g_from / g_per_j instead: {offenders}"
 
 
 @pytest.mark.parametrize(
@@ -510,4 +510,6 @@ def test_j_per_kwh_is_defined_only_in_units() -> None:
 )
 def test_the_j_per_kwh_finder_sees_a_planted_definition(source: str) -> None:
     assert j_per_kwh_outside_units(source)
-    assert not j_per_kwh_outside_units("from carbonflow.units import J_PER_KWH\nkwh = j / J_PER_KWH\n")
+    assert not j_per_kwh_outside_units("from carbonflow.units import kwh_from_j\nkwh = kwh_from_j(j)\n")
+    # the name itself is units.py's alone: importing or reading it elsewhere is found too
+    assert j_per_kwh_outside_units("from carbonflow.units import J_PER_KWH\nkwh = j / J_PER_KWH\n")
