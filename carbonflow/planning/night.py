@@ -122,10 +122,31 @@ def plan_night(
     if not pair_profiles and history is None:
         return [solo[n] for n in names]
 
+    options = _pair_options(specs, profiles, solo, forecasts, now, pair_profiles, history, intensity_history)
+    slowdowns: dict[tuple[str, str], tuple[float, float] | None] = {k: o.slowdowns for k, o in options.items()}
+    savings = {k: o.saving for k, o in options.items()}
+    chosen = choose_colocation_pairs(names, {s.name: s.max_slowdown for s in specs}, slowdowns, savings)
+    plans = dict(solo)
+    for a, b in chosen:
+        plans.update(pair_plans(options[(a, b)], solo, by_name, profiles, pair_profiles, now, history))
+    return [plans[n] for n in names]
+
+
+def _pair_options(
+    specs: Sequence[JobSpec],
+    profiles: Mapping[str, Profile],
+    solo: Mapping[str, Plan],
+    forecasts: Mapping[str, Forecast | None],
+    now: datetime,
+    pair_profiles: Sequence[PairProfile] | None,
+    history: JobHistory | None,
+    intensity_history: Mapping[str, Sequence[ForecastPoint]] | None,
+) -> dict[tuple[str, str], PairOption]:
+    """Every pair that may share a GPU tonight (see :func:`plan_night`) with its best joint start and saving."""
+    names = [s.name for s in specs]
+    by_name = {s.name: s for s in specs}
     options: dict[tuple[str, str], PairOption] = {}
     refs: dict[str, tuple[Candidate, Reference]] = {}
-    slowdowns: dict[tuple[str, str], tuple[float, float] | None] = {}
-    savings: dict[tuple[str, str], float] = {}
     known = {(p.job_a, p.job_b) for p in pair_profiles or ()} | {(p.job_b, p.job_a) for p in pair_profiles or ()}
     exploring = {n for n in names if _explores(by_name[n], profiles[n], history, solo[n])}
     for a, b in itertools.combinations(names, 2):
@@ -136,30 +157,12 @@ def plan_night(
             continue
         pair = lookup_pair(a, b, pair_profiles)
         assert pair is not None
+        region = sa.region
         try:
-            opt = pair_option(
-                sa,
-                sb,
-                profiles[a],
-                profiles[b],
-                solo[a],
-                solo[b],
-                pair,
-                forecasts.get(sa.region),
-                now,
-                history,
-                refs,
-                (intensity_history or {}).get(sa.region),
-            )
+            opt = pair_option(sa, sb, profiles[a], profiles[b], solo[a], solo[b], pair, forecasts.get(region), now,
+                              history, refs, (intensity_history or {}).get(region))  # fmt: skip
         except (DeadlineError, ValueError):
             continue
-        if opt is None:
-            continue
-        options[(a, b)] = opt
-        slowdowns[(a, b)] = opt.slowdowns
-        savings[(a, b)] = opt.saving
-    chosen = choose_colocation_pairs(names, {s.name: s.max_slowdown for s in specs}, slowdowns, savings)
-    plans = dict(solo)
-    for a, b in chosen:
-        plans.update(pair_plans(options[(a, b)], solo, by_name, profiles, pair_profiles, now, history))
-    return [plans[n] for n in names]
+        if opt is not None:
+            options[(a, b)] = opt
+    return options
