@@ -219,3 +219,47 @@ def test_a_path_is_drawn_as_pandas_sample_draws_it():
     for _ in range(20):
         expected = float(w._paths[(64, 100)].sample(n=1, random_state=theirs).target_epoch.iloc[0])
         assert w.sample(64, 100, ours) == expected
+
+
+def test_zeus_is_billed_its_sweep_by_the_product_window_and_decides_as_itself(monkeypatch):
+    """Zeus's simulator (faked here: zeus is a benchmark extra) runs its own paths and decisions; under the product
+    rule a sweeping run's bill is its path at the chosen limit plus the product window's extra, else unchanged."""
+    from types import ModuleType
+
+    vz = _load()
+    w = _tiny(vz)
+    calls: list[bool] = []
+
+    class FakeSimulator:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def _run_job(self, job, batch_size, power_limit, rng, cost_ub, eta_knob, profile_power):
+            calls.append(profile_power)
+            return 1000.0, 10.0, True
+
+        def simulate_one_job(self, job, n, beta, eta):
+            rng = np.random.default_rng(0)
+            runs = [self._run_job(job, 64, 100, rng, math.inf, eta, profile_power=p) for p in (True, False)]
+            return [SimpleNamespace(energy=e, time=t, reached=r, bs=64, pl=100) for e, t, r in runs]
+
+    fakes = {
+        "zeus._legacy.policy": SimpleNamespace(BatchSizeOptimizer=object),
+        "zeus._legacy.policy.optimizer": SimpleNamespace(
+            JITPowerLimitOptimizer=lambda **k: None, PruningGTSBatchSizeOptimizer=lambda **k: None
+        ),
+        "zeus._legacy.simulate": SimpleNamespace(Simulator=FakeSimulator),
+        "zeus._legacy.job": SimpleNamespace(Job=lambda *a: None),
+    }
+    for name, fake in fakes.items():
+        module = ModuleType(name)
+        module.__dict__.update(vars(fake))
+        monkeypatch.setitem(sys.modules, name, module)
+    out = vz.simulate_zeus(w, None, None, 2, seed=1, full=True)
+    assert calls == [False, False]  # its paths drawn as a plain run; the sweep billed by the rule
+    extra_e, extra_t = vz.sweep_extra(w, 64, 100)
+    assert out.energy_j == pytest.approx(2000.0 + extra_e) and out.time_s == pytest.approx(20.0 + extra_t)
+    vz.PROFILING_RULE = "zeus"  # information rule: Zeus's simulator untouched
+    calls.clear()
+    vz.simulate_zeus(w, None, None, 2, seed=1, full=True)
+    assert calls == [True, False]
