@@ -38,7 +38,9 @@ What each side pays for its knowledge, by one rule (the product's, ``PROFILING_R
   the default batch size's sweep chose — a separate pass whose work is thrown away, charged in full and to the
   explorer's budget, and only while that budget covers one (priced as probing the default batch size). Its first
   run there then sweeps in-run and the sweep's figure replaces the probe's. The default's cost per epoch (b0 at
-  the highest limit, measured by its first run's sweep) sets the budget. Window sizes in epochs need each
+  the highest limit, measured by its first run's sweep) sets the budget. The product's nightly path probes only
+  the default batch size (``profile_job`` has no batch size) and sweeps in-run only at a planned batch size: the
+  probes of other batch sizes are this benchmark's use of the explorer's API. Window sizes in epochs need each
   dataset's training-set size, which Zeus's traces do not hold: SAMPLES_PER_EPOCH gives the public figures.
 
 Steady state = the expected cost per recurrence (expectation over the trace's seeds, counting retries of
