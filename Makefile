@@ -28,7 +28,7 @@ test: install system-deps docs  ## everything CI runs: system packages, the docs
 	@$(BIN)/python -m pytest
 
 test-fast: install  ## the development loop: every test but the slow, browser and distributed ones (no PostgreSQL, no apt)
-	@$(BIN)/python -m pytest -m "not slow and not postgres"
+	@$(BIN)/python -m pytest -m "not slow and not postgres" -n 2 --dist loadfile
 
 docs: install  ## the documentation site (MkDocs Material, API reference from docstrings) into site/, strict
 	@NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site

@@ -35,6 +35,8 @@ os.environ.update(
     }
 )
 (_SESSION_DIR / "home").mkdir(exist_ok=True)
+for _var in ("COLUMNS", "LINES"):  # output is checked as piped (100 columns); xdist's workers inherit COLUMNS=80
+    os.environ.pop(_var, None)
 
 
 @pytest.fixture(autouse=True)
