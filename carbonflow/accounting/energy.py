@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING
 
 from carbonflow.domain import DeviceEnergy
@@ -198,40 +197,3 @@ def charge_phases(
             charge.overlap_s += measured.elapsed_s
             charge.overlap_j += sum(measured.energy_j.values())
     return charge
-
-
-def merge_measurements(measurements: Sequence[Measurement]) -> tuple[dict[str, float], dict[str, str], list[str]]:
-    """One total per run from several containers' measurements, each device counted once.
-
-    Containers on one node all measure that node's CPU (and may list the same GPU). A device seen in
-    several measurements whose windows overlap is counted from the measurement with the most energy
-    for it (the widest view of the same counter); disjoint windows add up. Returns
-    (energy per device id, label per device id, notes).
-    """
-    per_dev: dict[str, list[tuple[datetime, datetime, float]]] = {}
-    labels: dict[str, str] = {}
-    for m in measurements:
-        for dev, energy in m.energy_j.items():
-            per_dev.setdefault(dev, []).append((m.start_utc, m.end_utc, energy))
-            labels[dev] = m.labels[dev]
-    totals: dict[str, float] = {}
-    notes: list[str] = []
-    for dev, spans in per_dev.items():
-        spans.sort()
-        total = 0.0
-        group_end: datetime | None = None
-        group_max = 0.0
-        merged = 0
-        for start, end, energy in spans:
-            if group_end is not None and start < group_end:  # overlaps the current group: same counter
-                group_max = max(group_max, energy)
-                group_end = max(group_end, end)
-                merged += 1
-            else:
-                total += group_max
-                group_end, group_max = end, energy
-        total += group_max
-        totals[dev] = total
-        if merged:
-            notes.append(f"device {dev} was measured by {merged + 1} overlapping containers: counted once")
-    return totals, labels, notes

@@ -124,24 +124,3 @@ def test_fallback_only_for_uncovered_time_and_said():
 def test_naive_datetimes_rejected():
     with pytest.raises(ValueError, match="has no time zone"):
         emissions_g([(datetime(2024, 1, 1), datetime(2024, 1, 1, 1), 1.0)], [])
-
-
-def test_merge_measurements_counts_shared_devices_once():
-    from carbonflow.accounting.energy import merge_measurements
-    from carbonflow.energy.monitor import Measurement
-
-    def m(start_min, end_min, energies):
-        return Measurement(
-            name="run", start_utc=T0 + timedelta(minutes=start_min), end_utc=T0 + timedelta(minutes=end_min),
-            elapsed_s=(end_min - start_min) * 60, energy_j=energies,
-            labels={k: ("estimated" if k.startswith("CPU") else "measured") for k in energies},
-        )  # fmt: skip
-
-    # two containers on one node, each with its own GPU, both seeing the node's CPU
-    pod_a = m(0, 10, {"GPU-0": 1000.0, "CPU-node": 300.0})
-    pod_b = m(1, 11, {"GPU-1": 900.0, "CPU-node": 310.0})
-    later = m(20, 25, {"GPU-0": 100.0})
-    totals, labels, notes = merge_measurements([pod_a, pod_b, later])
-    assert totals == {"GPU-0": 1100.0, "CPU-node": 310.0, "GPU-1": 900.0}
-    assert labels["CPU-node"] == "estimated"
-    assert notes == ["device CPU-node was measured by 2 overlapping containers: counted once"]
