@@ -362,6 +362,24 @@ class _Realised:
         return float(self.mean(now_s + cand, duration_s).min())
 
 
+AGE_BUCKET_H = 6
+"""Hours since the issue per bucket of ``published(..., by_age=...)``."""
+
+
+def age_fractions(by_age: dict[int, np.ndarray]) -> dict[str, dict]:
+    """Per bucket of hours since the issue: starts, and the fraction of the oracle's cut pooled over every job x
+    slack (sums, not the mean over rows the headline figures use), launched and without history."""
+    out = {}
+    for lo, (rn, orc, wc, nc, n) in sorted(by_age.items()):
+        gain = rn - orc
+        out[f"{lo}-{lo + AGE_BUCKET_H - 1}h"] = {
+            "n_starts": int(n),
+            "product_replan_fraction_of_oracle": round((rn - wc) / gain, 4) if gain > 1e-9 else None,
+            "product_no_history_fraction_of_oracle": round((rn - nc) / gain, 4) if gain > 1e-9 else None,
+        }
+    return out
+
+
 REPLAN_INTERVAL_S = 3 * 3600.0
 """The operator's default ``replan_interval_s``: while waiting it wakes at least this often (and at the start)."""
 MAX_REPLANS = 3
@@ -457,7 +475,9 @@ def _with_wakes(
     return start
 
 
-def published(trace: Trace, risk_aversion: float, at_issue_only: bool = False) -> dict[tuple[int, int], dict]:
+def published(
+    trace: Trace, risk_aversion: float, at_issue_only: bool = False, by_age: dict[int, np.ndarray] | None = None
+) -> dict[tuple[int, int], dict]:
     """(c) The product on the forecasts as published: at each hourly start the latest issue at or before it (at
     most ``MAX_ISSUE_AGE_H`` old), from that start on, handed to ``plan_job`` as the operators call it (one
     configuration, ``on_infeasible="fastest"``), with the trace's actuals ended by the issue as
@@ -465,7 +485,9 @@ def published(trace: Trace, risk_aversion: float, at_issue_only: bool = False) -
     Carbon Aware SDK); and the start the operator launches at after re-planning on each wake (``replan``).
     ``at_issue_only``: only the first whole hour after each issue (a job planned when the forecast comes out).
     A start is scored when the issue covers its whole window and every actual in it is published.
-    ``risk_aversion`` is kept for the signature; the product uses its own default."""
+    ``risk_aversion`` is kept for the signature; the product uses its own default. ``by_age`` (filled when given):
+    per ``AGE_BUCKET_H``-hour bucket of hours since the issue's first whole hour, the sums over every scored start
+    of run-now, oracle, launched (re-plan on wake) and no-history means."""
     del risk_aversion
     assert trace.forecasts is not None
     slot_s = trace.slot_s
@@ -477,7 +499,7 @@ def published(trace: Trace, risk_aversion: float, at_issue_only: bool = False) -
         age = pd.Timedelta(hours=MAX_ISSUE_AGE_H)
         nxt = min(issues.times[i + 1], issue + age) if i + 1 < len(issues.times) else issue + age
         hours = pd.date_range(pd.Timestamp(issue).ceil("h"), nxt, freq="h", inclusive="left")
-        for now in hours[:1] if at_issue_only else hours:
+        for age_h, now in enumerate(hours[:1] if at_issue_only else hours):
             now_s = now.timestamp()
             got = issues.forecast(i, now_s)
             if got is None:
@@ -507,6 +529,9 @@ def published(trace: Trace, risk_aversion: float, at_issue_only: bool = False) -
                     slot["orc"].append(realised.oracle(now_s, dur, latest))
                     for key, off in picks.items():
                         slot[key].append(float(realised.mean(now_s + off, dur)[0]))
+                    if by_age is not None:
+                        sums = by_age.setdefault(AGE_BUCKET_H * (age_h // AGE_BUCKET_H), np.zeros(5))
+                        sums += [slot["rn"][-1], slot["orc"][-1], slot["wc"][-1], slot["nc"][-1], 1.0]
     out: dict[tuple[int, int], dict] = {}
     for key, v in acc.items():
         rn_a, orc_a = np.array(v["rn"]), np.array(v["orc"])
@@ -684,6 +709,7 @@ def main(argv: list[str] | None = None) -> dict:
     checks = 0
     skipped: list[str] = []
     at_issue: dict[str, dict] = {}
+    by_issue_age: dict[str, dict] = {}
     for path in paths:
         trace = load_trace(path)
         if long_enough(trace):
@@ -694,7 +720,9 @@ def main(argv: list[str] | None = None) -> dict:
     for path in published_paths:
         trace = load_neso_long(path) if path.resolve() == NESO_LONG.resolve() else load_published(path)
         t1 = time.time()
-        pub = published(trace, args.risk_aversion)
+        ages: dict[int, np.ndarray] = {}
+        pub = published(trace, args.risk_aversion, by_age=ages)
+        by_issue_age[trace.name] = age_fractions(ages)
         first = published(trace, args.risk_aversion, at_issue_only=True)
         print(f"{trace.name}: {sum(v['n_starts'] for v in pub.values())} scored starts in {time.time() - t1:.0f} s")
         at_issue[trace.name] = {f"{k[0]}h/{k[1]}h": v for k, v in sorted(first.items())}
@@ -719,6 +747,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"note: {note}")
 
     summary = summarise(rows, at_issue)
+    summary["published_by_hours_since_issue"] = by_issue_age
     if any(p.resolve() == NESO_LONG.resolve() for p in published_paths):
         summary["neso_split_half"] = split_half(NESO_LONG)
     choice = ROOT / "benchmarks" / "results" / "start_guard_choice.json"

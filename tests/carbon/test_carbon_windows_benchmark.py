@@ -87,6 +87,9 @@ def test_published_file_is_judged_on_the_products_own_call(tmp_path, monkeypatch
     rows = [r for r in doc["rows"] if r["published"]]
     assert {(r["job_h"], r["slack_h"]) for r in rows} == {(j, s) for j in (1, 2, 4) for s in (6, 12, 24)}
     assert all(r["published"]["n_starts"] > 0 for r in rows)
+    ages = summary["published_by_hours_since_issue"][name]  # every scored start in exactly one bucket
+    assert sum(b["n_starts"] for b in ages.values()) == sum(r["published"]["n_starts"] for r in rows)
+    assert "0-5h" in ages and all(b["product_replan_fraction_of_oracle"] <= 1.0 + 1e-9 for b in ages.values())
 
 
 def test_published_asserts_on_a_start_outside_the_window_instead_of_clamping(tmp_path, monkeypatch):
