@@ -3,7 +3,7 @@
 Public API (import from the submodules; this package imports nothing heavy at import time):
 
 * :mod:`carbonflow.carbon.replay` — ``ReplayProvider`` (recorded forecasts/actuals, labelled ``replay``)
-* :mod:`carbonflow.carbon.windows` — ``choose_start``, ``choose_intervals``, ``mean_intensity_gco2_per_kwh``
+* :mod:`carbonflow.carbon.windows` — ``choose_start``, ``mean_intensity_gco2_per_kwh``
 * :mod:`carbonflow.carbon.chain` — ``ForecastChain`` (``forecast``, ``history``), ``default_chain``
 * :mod:`carbonflow.carbon.providers` — NESO, Electricity Maps v3, WattTime v3, Carbon Aware SDK clients
 * :mod:`carbonflow.carbon.fallbacks` — ``ClimatologyProvider`` (hour-of-week), ``StaticProvider`` (codecarbon)

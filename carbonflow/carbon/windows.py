@@ -8,8 +8,6 @@
   level-matched to the forecast) in proportion to its error variance against the profile's day-to-day
   variance — a per-slot Bayesian update. Near slots keep their forecast; far, noisy slots lean on the profile.
   An optional ``risk_aversion`` also penalises the uncertainty of the gain over running at once.
-* :func:`choose_intervals` — for checkpointable jobs: the cheapest slots (not necessarily contiguous) that add up
-  to the duration before ``finish_by``.
 
 Every choice meets ``finish_by`` when that is possible; with no usable forecast it starts at once and says why.
 """
@@ -66,30 +64,6 @@ class WindowChoice(BaseModel):
     robust: bool = False
     provider: str | None = None
     signal_kind: str | None = None
-
-    @property
-    def expected_reduction(self) -> float | None:
-        """Forecast reduction of intensity against starting at once (fraction), when both are known."""
-        if self.expected_gco2_per_kwh is None or not self.run_now_gco2_per_kwh:
-            return None
-        return 1.0 - self.expected_gco2_per_kwh / self.run_now_gco2_per_kwh
-
-
-class IntervalChoice(BaseModel):
-    """Run intervals for a checkpointable job, in time order."""
-
-    model_config = ConfigDict(frozen=True)
-
-    intervals: list[tuple[datetime, datetime]]
-    expected_gco2_per_kwh: float | None
-    run_now_gco2_per_kwh: float | None
-    reason: str
-    fallback: bool
-    provider: str | None = None
-
-    @property
-    def start(self) -> datetime:
-        return self.intervals[0][0]
 
 
 _SERIES_CACHE: dict[int, tuple[Sequence[ForecastPoint], datetime, np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -632,91 +606,4 @@ def choose_start(
         robust=robust and shrunk > 0,
         provider=forecast.provider,
         signal_kind=forecast.signal_kind,
-    )
-
-
-def choose_intervals(
-    forecast: Forecast | None,
-    duration_s: float,
-    earliest: datetime,
-    finish_by: datetime,
-    *,
-    robust: bool = True,
-    max_intervals: int | None = None,
-    history: Sequence[ForecastPoint] | None = None,
-    error_model: LeadTimeErrorModel | None = None,
-) -> IntervalChoice:
-    """For a checkpointable job: the lowest-intensity slots adding up to ``duration_s`` before ``finish_by``.
-
-    Slots are ranked by forecast intensity (shrunk toward the recent daily profile when ``robust`` and
-    ``history`` are given, as in :func:`choose_start`); ties go to earlier slots; adjacent picks merge into one
-    interval. With more than ``max_intervals`` intervals, or no usable forecast, the job runs contiguously as
-    :func:`choose_start` would, and the reason says so.
-    """
-    earliest, finish_by = _validate(duration_s, earliest, finish_by, None)
-
-    def contiguous(why: str) -> IntervalChoice:
-        one = choose_start(
-            forecast, duration_s, earliest, finish_by, robust=robust, history=history, error_model=error_model
-        )
-        return IntervalChoice(
-            intervals=[(one.start, one.end)],
-            expected_gco2_per_kwh=one.expected_gco2_per_kwh,
-            run_now_gco2_per_kwh=one.run_now_gco2_per_kwh,
-            reason=f"{why}; {one.reason}",
-            fallback=one.fallback,
-            provider=one.provider,
-        )
-
-    if forecast is None or not forecast.points:
-        return contiguous("no forecast to split the job by")
-    e0, fb = earliest.timestamp(), finish_by.timestamp()
-    if fb - e0 < duration_s:
-        return contiguous("no slack to interrupt the job")
-    t0, t1, val = _arrays(forecast.points)
-    score = val
-    if robust:
-        score, _, _ = _robust_series(forecast, t0, t1, val, (e0, fb), history, error_model, e0)
-    a, b = np.maximum(t0, e0), np.minimum(t1, fb)
-    keep = b > a
-    if (b[keep] - a[keep]).sum() < duration_s * _COVERED:
-        return contiguous("the forecast does not cover enough slots before finish_by")
-    a, b, v, score = a[keep], b[keep], val[keep], score[keep]
-    order = np.lexsort((a, score))
-    need = float(duration_s)
-    picked: list[tuple[float, float, float]] = []
-    for i in order:
-        if need <= 1e-6:
-            break
-        take = min(b[i] - a[i], need)
-        picked.append((a[i], a[i] + take, v[i]))
-        need -= take
-    picked.sort()
-    merged: list[list[float]] = []
-    for s, e, _ in picked:
-        if merged and abs(merged[-1][1] - s) < 1e-6:
-            merged[-1][1] = e
-        else:
-            merged.append([s, e])
-    if max_intervals is not None and len(merged) > max_intervals:
-        return contiguous(f"the cheapest slots form {len(merged)} intervals, more than max_intervals={max_intervals}")
-    expected = sum((e - s) * val_ for s, e, val_ in picked) / duration_s
-    x, f, c = _cumulative(t0, t1, val)
-    now_mean, _ = _window_stats(x, f, c, np.array([e0]), np.array([e0 + duration_s]))
-    run_now = float(now_mean[0]) if np.isfinite(now_mean[0]) else None
-    intervals = [(datetime.fromtimestamp(s, UTC), datetime.fromtimestamp(e, UTC)) for s, e in merged]
-    reason = (
-        f"run in {len(intervals)} interval(s) from {_fmt(intervals[0][0])} to {_fmt(intervals[-1][1])}: "
-        f"{expected:.0f} gCO2/kWh expected"
-        + (f" vs {run_now:.0f} if run at once" if run_now is not None else "")
-        + f"; forecast {forecast.provider}"
-        + (" (replayed data)" if forecast.replay else "")
-    )
-    return IntervalChoice(
-        intervals=intervals,
-        expected_gco2_per_kwh=float(expected),
-        run_now_gco2_per_kwh=run_now,
-        reason=reason,
-        fallback=False,
-        provider=forecast.provider,
     )

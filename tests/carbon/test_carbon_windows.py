@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from carbonflow.carbon.windows import (
-    choose_intervals,
     choose_start,
     daily_profile,
     mean_intensity_gco2_per_kwh,
@@ -210,19 +209,6 @@ def test_shrinkage_weights_by_error_variance():
     post = shrink_toward_profile(f, np.array([0.0, 0.0, 1000.0]), np.array([50.0, 50.0, 50.0]), np.array([4.0] * 3))
     assert post[0] == 100 and post[1] == 100  # certain slots keep the forecast
     assert post[2] == pytest.approx(80.0, abs=0.1)  # a very uncertain slot takes the level-matched profile
-
-
-def test_intervals_pick_cheapest_slots_and_merge():
-    values = [300, 100, 300, 300, 90, 95, 300, 300]
-    choice = choose_intervals(fc(values), 3 * 3600, T0, T0 + timedelta(hours=8), robust=False)
-    assert choice.intervals == [
-        (T0 + timedelta(hours=1), T0 + timedelta(hours=2)),
-        (T0 + timedelta(hours=4), T0 + timedelta(hours=6)),
-    ]
-    assert choice.expected_gco2_per_kwh == pytest.approx(95)
-    one = choose_intervals(fc(values), 3 * 3600, T0, T0 + timedelta(hours=8), robust=False, max_intervals=1)
-    assert len(one.intervals) == 1 and "max_intervals=1" in one.reason
-    assert choose_intervals(None, 3600, T0, T0 + timedelta(hours=2)).fallback
 
 
 def test_replayed_forecast_is_labelled_in_the_reason():
