@@ -23,6 +23,7 @@ reads them through its functions (:func:`progress_file`, :func:`work_epochs`, ..
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -298,9 +299,19 @@ def training_mode() -> str:
     return training_value(MODE_ENV)
 
 
-def sim_slowdown_text(environ: Mapping[str, str] | None = None) -> str:
-    """A simulated GPU's fixed slowdown factor as given (``$CARBONFLOW_SIM_SLOWDOWN``; "" when unset)."""
-    return training_value(SIM_SLOWDOWN_ENV, environ)
+def sim_slowdown(environ: Mapping[str, str] | None = None) -> float:
+    """A simulated GPU's fixed slowdown factor (``$CARBONFLOW_SIM_SLOWDOWN``; 1.0 when unset); a value that is not
+    a positive number is refused, naming the variable and the value."""
+    raw = training_value(SIM_SLOWDOWN_ENV, environ).strip()
+    if raw == "":
+        return 1.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{SIM_SLOWDOWN_ENV}={raw!r} is not a number; expected a factor >= 1 such as 1.25") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{SIM_SLOWDOWN_ENV}={raw!r} is not allowed; expected a positive factor such as 1.25")
+    return value
 
 
 def sim_slowdown_file() -> Path | None:

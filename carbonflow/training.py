@@ -56,7 +56,7 @@ class _Reporter:
     def __init__(self) -> None:
         self.steps = 0
         self.last_step_end_s = time.monotonic()
-        self.slowdown = max(1.0, float(contract.sim_slowdown_text() or 1))
+        self.slowdown = max(1.0, contract.sim_slowdown())
         self.slowdown_file = contract.sim_slowdown_file()
         self.stop_file = contract.stop_file()
         self.max_steps = contract.max_steps()

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
-from carbonflow.contract import SIM_SLOWDOWN_ENV, sim_slowdown_text
+from carbonflow.contract import SIM_SLOWDOWN_ENV
 from carbonflow.domain import SimulatedGpuSpec
 from carbonflow.energy.device import Device
 from carbonflow.energy.errors import EnergyError
@@ -361,10 +361,6 @@ class SimulatedGpu(_ClockedGpu):
     def busy(self) -> bool:
         return self._busy
 
-    @property
-    def follows_work(self) -> bool:
-        return self._follows_work
-
     def follow_work(self) -> None:
         """From now on, time and energy advance with :meth:`add_work` only, never with the host's clock."""
         with self._lock:
@@ -397,20 +393,6 @@ class SimulatedGpu(_ClockedGpu):
     def slowdown_factor(self) -> float:
         """How much slower the workload runs at the current limit than at the maximum (>= 1 typically)."""
         return self.power_model.slowdown(self._limit_w)
-
-
-def slowdown_from_env(environ: dict[str, str] | None = None) -> float:
-    """The slowdown factor passed by the wrapper in ``CARBONFLOW_SIM_SLOWDOWN`` (1.0 when unset)."""
-    raw = sim_slowdown_text(environ)
-    if raw == "":
-        return 1.0
-    try:
-        value = float(raw)
-    except ValueError as exc:
-        raise EnergyError(f"{SLOWDOWN_ENV}={raw!r} is not a number; expected a factor >= 0 such as 1.25") from exc
-    if not value > 0:
-        raise EnergyError(f"{SLOWDOWN_ENV}={raw!r} is not allowed; expected a positive factor such as 1.25")
-    return value
 
 
 SHARED_POWER_FACTOR = 1.2

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -151,11 +150,6 @@ def run_shared_to_completion(backend: Backend, request: SharedRequest, options: 
     run = backend.collect(handle)
     assert isinstance(run, SharedRun)
     return run
-
-
-def handle_age_s(handle: RunHandle, now: datetime | None = None) -> float:
-    """Seconds since the run started."""
-    return ((now or utcnow()) - handle.started_at).total_seconds()
 
 
 BACKEND_CLASSES: dict[str, str] = {

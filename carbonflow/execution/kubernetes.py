@@ -841,8 +841,3 @@ def _with_notes(wrapped: WrappedRun, problems: list[str]) -> WrappedRun:
     if not problems:
         return wrapped
     return wrapped.model_copy(update={"notes": [*wrapped.notes, *problems]})
-
-
-def manifests_as_json(manifests: KubernetesManifests) -> str:
-    """The objects as a JSON list (``kubectl apply -f`` accepts it wrapped in a List)."""
-    return json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests.to_dicts()}, indent=2, default=str)

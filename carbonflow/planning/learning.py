@@ -39,13 +39,13 @@ Batch-size exploration lives in :mod:`carbonflow.planning.batch_size`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 import numpy as np
 
-from carbonflow.domain import Plan, RunResult, key_without_group
+from carbonflow.domain import key_without_group
 
 
 def slowdown_from_kept_speed(kept: float) -> float:
@@ -100,34 +100,6 @@ class RealisedRun:
             value = getattr(self, name)
             if not value >= 0 or math.isinf(value):
                 raise ValueError(f"{name}={value} is not allowed; it must be a finite number >= 0")
-
-    @classmethod
-    def from_result(
-        cls,
-        result: RunResult,
-        plan: Plan,
-        epochs: float | None = None,
-        reached_target: bool | None = None,
-        observed_slowdown: float | None = None,
-    ) -> RealisedRun:
-        """The record of a finished run against the plan that launched it."""
-        return cls(
-            job=result.job,
-            config_key=plan.config.key(),
-            finished_at=result.ended_at,
-            predicted_duration_s=plan.predicted_duration_s,
-            realised_duration_s=result.duration_s,
-            predicted_energy_j=plan.predicted_energy_j,
-            realised_energy_j=result.energy_total_j,
-            batch_size=plan.config.batch_size,
-            power_limit_w=plan.config.power_limit_w,
-            containers=plan.config.containers,
-            epochs=epochs,
-            reached_target=reached_target,
-            colocated_with=tuple(plan.colocated_with),
-            observed_slowdown=observed_slowdown,
-            samples=float(result.samples) if result.samples else None,
-        )
 
     def alone(self) -> RealisedRun | None:
         """What this run says about the job alone: itself when it ran alone; a co-located run with its sharing
@@ -335,8 +307,3 @@ class JobHistory:
             if other in r.colocated_with and r.observed_slowdown is not None
         ][-self.drift_window :]
         return max(seen) if seen else None
-
-
-def records_for(records: Iterable[RealisedRun], job: str) -> list[RealisedRun]:
-    """The records of one job, oldest first."""
-    return sorted((r for r in records if r.job == job), key=lambda r: r.finished_at)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from carbonflow.contract import sim_slowdown
 from carbonflow.domain import SimulatedGpuSpec
-from carbonflow.energy.errors import EnergyError
-from carbonflow.energy.simulated import SLOWDOWN_ENV, SimulatedGpu, ZeusPowerModel, slowdown_from_env, workloads
+from carbonflow.energy.simulated import SLOWDOWN_ENV, SimulatedGpu, ZeusPowerModel, workloads
 
 DATA = Path(__file__).resolve().parents[2] / "carbonflow" / "energy" / "data"
 SHARED = Path("/work/shared/data/zeus")
@@ -121,9 +121,11 @@ def test_ids_stable_and_distinct():
 
 
 def test_slowdown_env():
-    assert slowdown_from_env({}) == 1.0
-    assert slowdown_from_env({SLOWDOWN_ENV: "1.25"}) == 1.25
-    with pytest.raises(EnergyError, match="CARBONFLOW_SIM_SLOWDOWN='fast'"):
-        slowdown_from_env({SLOWDOWN_ENV: "fast"})
-    with pytest.raises(EnergyError, match="positive"):
-        slowdown_from_env({SLOWDOWN_ENV: "0"})
+    """The training side's one reading of the fixed slowdown (carbonflow.training paces its steps by it)."""
+    assert sim_slowdown({}) == 1.0
+    assert sim_slowdown({SLOWDOWN_ENV: "1.25"}) == 1.25
+    with pytest.raises(ValueError, match="CARBONFLOW_SIM_SLOWDOWN='fast'"):
+        sim_slowdown({SLOWDOWN_ENV: "fast"})
+    for bad in ("0", "-1", "nan", "inf"):
+        with pytest.raises(ValueError, match="positive"):
+            sim_slowdown({SLOWDOWN_ENV: bad})
