@@ -6,8 +6,8 @@ candidate. :class:`SlowdownConstraint` is the bound every objective is selected 
 of a JobSpec (``carbon``, ``energy``, ``time``, ``edp``, ``eds:k``, ``zeus:η``; plus ``gain`` for reports)
 becomes an object once, in :func:`objective_for`. :func:`choose_power_limit` picks one device's power limit by an
 objective from per-limit time and power of the same work (the planner's rule, and the wrapper's when a training
-sweeps its limits inside itself). Below planning and execution both (``carbonflow.planning.objectives`` re-exports
-it for the planner).
+sweeps its limits inside itself). Below planning and execution both: the planner and the wrapper import it from
+here.
 
 * ``Energy`` E; ``Time`` T; ``Carbon`` grams CO2e (E × mean intensity over the run);
 * ``EDP`` E·T; ``EDS(k)`` α·E + β·T with α = (k−1)/(k·E_ref), β = 1/(k·T_ref) (Koszczał et al., Euro-Par

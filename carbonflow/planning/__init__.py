@@ -5,6 +5,7 @@ See the docstrings of :mod:`.costs`, :mod:`.optimizer`, :mod:`.night`, :mod:`.pa
 signatures other parts call.
 """
 
+from carbonflow.objectives import choose_power_limit
 from carbonflow.planning.batch_size import BatchSizeExplorer, choose_batch_size
 from carbonflow.planning.capacity import (
     CapacityLedger,
@@ -31,7 +32,6 @@ from carbonflow.planning.night import choose_colocation_pairs, plan_night
 from carbonflow.planning.optimizer import (
     Candidate,
     DeadlineError,
-    choose_power_limit,
     pareto_alternatives,
     plan_job,
     predict_candidates,

@@ -27,7 +27,7 @@ import numpy as np
 
 from carbonflow.carbon.windows import held_window_means
 from carbonflow.domain import Forecast
-from carbonflow.planning.objectives import (
+from carbonflow.objectives import (
     EDP,
     EDS,
     Gain,
@@ -78,7 +78,7 @@ def objective_cost(
     reference: Reference,
 ) -> float:
     """The scalar cost (lower is better) of one candidate under an objective text (see
-    :func:`carbonflow.planning.objectives.objective_for`; ``gain`` is returned negated)."""
+    :func:`carbonflow.objectives.objective_for`; ``gain`` is returned negated)."""
     return _one(objective_for(objective), energy_j, time_s, reference, emissions_g)
 
 

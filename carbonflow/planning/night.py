@@ -21,10 +21,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from carbonflow.domain import Forecast, ForecastPoint, JobSpec, Plan, Profile
+from carbonflow.objectives import Reference
 from carbonflow.planning.batch_size import batch_size_explorer, batch_size_of
 from carbonflow.planning.candidate import Candidate
 from carbonflow.planning.learning import JobHistory
-from carbonflow.planning.objectives import Reference
 from carbonflow.planning.optimizer import DeadlineError, plan_job
 from carbonflow.planning.pairs import PairOption, PairProfile, lookup_pair, pair_option, pair_plans
 
@@ -92,7 +92,7 @@ def plan_night(
     single-container, both slowdowns within their bounds and both deadlines met, neither trying an untried batch
     size tonight (an exploratory run is never traded for a pair at the reference); the pairs chosen are those
     of :func:`choose_colocation_pairs` on the pair's saving against the two solo plans, both scored by the jobs'
-    own objectives (the selectors of :func:`~carbonflow.planning.objectives.objective_for`): a pair of ``carbon``
+    own objectives (the selectors of :func:`~carbonflow.objectives.objective_for`): a pair of ``carbon``
     and ``energy`` jobs on summed carbon when both are ``carbon`` and a forecast exists, else on summed energy (as
     before); two jobs of one other objective on the sum of their figures; two different objectives each on its
     own, neither job worse (:func:`carbonflow.planning.pairs._score_on_own_objectives` says why). A co-located job

@@ -8,8 +8,6 @@ API others call::
              history: JobHistory | None = None, *, on_infeasible: "raise" | "fastest" = "raise",
              alternatives_per_config: int = 3, early_stop: bool = False,
              intensity_history: Sequence[ForecastPoint] | None = None) -> Plan
-    choose_power_limit(power_limits_w, time_s, power_w, *, objective="energy", max_slowdown=0.10,
-                       default_power_limit_w=None, max_power_w=None) -> float
     predict_candidates(spec, profile, history=None) -> (list[Candidate], reference Candidate, Reference)
     work_samples(spec, profile, batch_size=None, history=None) -> float
 
@@ -85,7 +83,6 @@ from carbonflow.domain import (
     ProfilePoint,
     parse_objective,
 )
-from carbonflow.objectives import choose_power_limit as choose_power_limit  # the planner's API, kept here
 from carbonflow.objectives import objective_for
 from carbonflow.planning.batch_size import (
     batch_size_explorer,

@@ -56,10 +56,10 @@ import numpy as np
 
 from carbonflow.carbon.windows import held_window_means
 from carbonflow.domain import Config, EnergyLabel, Forecast, ForecastPoint, JobSpec, Plan, Profile, parse_objective
+from carbonflow.objectives import Reference, objective_for
 from carbonflow.planning.batch_size import deadline_epochs, point_power_w
 from carbonflow.planning.candidate import Candidate
 from carbonflow.planning.learning import JobHistory, slowdown_from_kept_speed
-from carbonflow.planning.objectives import Reference, objective_for
 from carbonflow.planning.optimizer import predict_candidates
 from carbonflow.planning.start_search import pair_starts
 from carbonflow.units import emissions_g_from, g_per_j, kwh_from_j, nearest_minute
@@ -424,7 +424,7 @@ def _score_on_own_objectives(
     texts: tuple[str, str],
 ) -> _PairScore:
     """A pair in which a job's objective is ``time``, ``edp``, ``eds:k`` or ``zeus:η``: each job's part of the pair
-    and its solo plan are scored by the job's own selector (:func:`~carbonflow.planning.objectives.objective_for`,
+    and its solo plan are scored by the job's own selector (:func:`~carbonflow.objectives.objective_for`,
     the function its solo plan was chosen by, with the same reference run), at every joint start.
 
     * Same objective text for both jobs: the figures share a unit, so the pair's figure is the sum of the two

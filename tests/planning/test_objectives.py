@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from carbonflow.planning.objectives import (
+from carbonflow.objectives import (
     EDP,
     EDS,
     Carbon,
