@@ -50,12 +50,31 @@ def learn_profile(
     return learned
 
 
-def ran_as(plan: Plan, wrapped: Any) -> Plan:
+def ran_as(plan: Plan, wrapped: Any, learned: Profile | None = None) -> Plan:
     """The plan as the in-run profiled training ran it: at the limit its sweep chose (its run is logged and learned
-    from at that configuration); unchanged when it ended mid-sweep."""
+    from at that configuration), its predictions moved to that limit by the profile the sweep measured (``learned``:
+    energy per sample and speed at both limits), so that the run's saving is judged against the planned default
+    rather than against itself; unchanged when it ended mid-sweep."""
     if wrapped.power_limit_w is None or wrapped.power_limit_w == plan.config.power_limit_w:
         return plan
     config = plan.config.model_copy(update={"power_limit_w": wrapped.power_limit_w})
     reason = (f"{plan.reason}; in-run profiling: planned at {plan.config.power_limit_w:g} W from a probe, swept the "
               f"limits inside the training and trained on at {wrapped.power_limit_w:g} W")  # fmt: skip
-    return plan.model_copy(update={"config": config, "reason": reason})
+    return plan.model_copy(update={"config": config, "reason": reason, **_moved_predictions(plan, config, learned)})
+
+
+def _moved_predictions(plan: Plan, ran: Any, learned: Profile | None) -> dict[str, float]:
+    """The plan's predicted energy, emissions and duration scaled from its planned configuration to ``ran`` by the
+    sweep's own points (the same work at both limits); {} when the sweep measured either one not."""
+    points = {p.config.key(): p for p in (learned.points if learned is not None else [])}
+    planned, now = points.get(plan.config.key()), points.get(ran.key())
+    if planned is None or now is None or planned.energy_per_sample_j <= 0:
+        return {}
+    energy = now.energy_per_sample_j / planned.energy_per_sample_j
+    return {
+        "predicted_energy_j": plan.predicted_energy_j * energy,
+        "predicted_emissions_g": plan.predicted_emissions_g * energy,
+        "predicted_duration_s": plan.predicted_duration_s
+        * planned.throughput_samples_per_s
+        / now.throughput_samples_per_s,
+    }

@@ -289,11 +289,11 @@ class RunSession:
                 wrapped = self._backend.execute(member.job, member.plan, run_name="train")
         finally:
             self._tell_training_log("train")
-        plan = member.plan if in_run is None else ran_as(member.plan, wrapped)
-        outcome = self._account_and_log(member, plan, wrapped, state, clock)
-        if in_run is not None:
-            outcome.profile = learn_profile(member.job, member.profile, member.plan, wrapped, self.tracking_uri,
-                                            self.log)  # fmt: skip
+        if in_run is None:
+            return _outcome(state, [self._account_and_log(member, member.plan, wrapped, state, clock)])
+        learned = learn_profile(member.job, member.profile, member.plan, wrapped, self.tracking_uri, self.log)
+        outcome = self._account_and_log(member, ran_as(member.plan, wrapped, learned), wrapped, state, clock)
+        outcome.profile = learned
         return _outcome(state, [outcome])
 
     def _tell_training_log(self, run_name: str) -> None:

@@ -9,6 +9,8 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from carbonflow.domain import JobSpec, SimulatedGpuSpec, utcnow
 from carbonflow.energy.discovery import discover_devices
 from carbonflow.execution.local import LocalBackend
@@ -67,6 +69,17 @@ def test_the_first_run_profiles_itself_keeps_its_work_and_logs_the_profile_the_n
     ran_at = job.plan.config.power_limit_w
     assert ran_at in {150.0, 200.0, 250.0}
     assert any(f"trained on at {ran_at:g} W" in note for note in job.result.notes), job.result.notes
+    # its predictions moved to that limit by the sweep's own points, so its saving is judged against the planned
+    # 250 W default, not against itself (a user saw "saved 0.0 %" on a run that trained at 175 W)
+    planned = state.members[0].plan
+    assert ran_at < 250, "the simulated V100 job's sweep picks a lower limit than the default"
+    points = {p.config.power_limit_w: p for p in job.profile.points}
+    assert job.plan.predicted_energy_j == pytest.approx(
+        planned.predicted_energy_j * points[ran_at].energy_per_sample_j / points[250].energy_per_sample_j
+    )
+    assert job.plan.predicted_energy_j < planned.predicted_energy_j
+    assert job.result.emissions_run_now_default_g is not None
+    assert job.result.emissions_run_now_default_g > job.result.emissions_g
     # the next night's profile task reads it from MLflow as it reads a separate profile
     found = latest_profile(spec.name, job.profile.device_model, spec.code_version, 3600, utcnow())
     assert found is not None and len(found.points) == 3
