@@ -20,6 +20,7 @@ from carbonflow.execution.backend import Backend, RunHandle
 from carbonflow.operators.common import home, with_connection_env
 from carbonflow.operators.kubernetes import DEFAULT_CONN_ID, operator_backend
 from carbonflow.operators.triggers import BackendRunTrigger
+from carbonflow.session.profile import log_measured_profile, reusable_profile
 
 if TYPE_CHECKING:
     from carbonflow.energy.device import Device
@@ -86,15 +87,8 @@ class EnergyProfileOperator(BaseOperator):
         gpus = [d for d in devices if d.kind == "gpu"]
         device_model = gpus[0].model if gpus else next(d.model for d in devices if d.kind == "cpu")
         if self.reuse_profiles:
-            fresh = self._fresh_profile(spec, device_model)
-            drift = self._drift(spec) if fresh is not None else None
-            if drift:
-                self.log.info("profiling %s again: %s", spec.name, drift)
-            elif fresh is not None:
-                self.log.info(
-                    "reusing the profile of %s measured at %s on %s (younger than %.0f s); not profiling again",
-                    spec.name, fresh.measured_at.isoformat(), device_model, spec.profile_max_age_s,
-                )  # fmt: skip
+            fresh = reusable_profile(spec, device_model, utcnow(), self.tracking_uri, self.log)
+            if fresh is not None:
                 return fresh.model_dump(mode="json")
         self._backend = self._make_backend(context, spec)
         self.log.info("profiling %s on %s", spec.name, ", ".join(d.describe() for d in devices))
@@ -153,43 +147,8 @@ class EnergyProfileOperator(BaseOperator):
     def _progress(self, key: str, done: int, planned: int) -> None:
         self.log.info("profiled %s (%d of at most %d configurations)", key, done, planned)
 
-    def _drift(self, spec: JobSpec) -> str | None:
-        """Why the job's realised runs no longer match its profile (None: they do, or history is unreadable)."""
-        from carbonflow.profiling.refresh import drift_reason
-        from carbonflow.tracking.history import realised_vs_predicted
-
-        try:
-            rows = realised_vs_predicted(spec.name, tracking_uri=self.tracking_uri)
-        except Exception as err:  # tracking down: reuse the profile rather than fail the DAG
-            self.log.warning("could not read %s's runs from MLflow (%s)", spec.name, err)
-            return None
-        ratios = [r.energy_ratio for r in rows if r.energy_ratio is not None]
-        return drift_reason(ratios)
-
-    def _fresh_profile(self, spec: JobSpec, device_model: str) -> Profile | None:
-        from carbonflow.tracking.history import latest_profile
-
-        try:
-            return latest_profile(
-                spec.name,
-                device_model,
-                spec.code_version,
-                spec.profile_max_age_s,
-                utcnow(),
-                tracking_uri=self.tracking_uri,
-            )
-        except Exception as err:  # tracking down must not fail the DAG: profile instead
-            self.log.warning("could not read profile history from MLflow (%s); profiling again", err)
-            return None
-
     def _log_profile(self, spec: JobSpec, profile: Profile) -> None:
-        from carbonflow.tracking.logger import log_profile
-
-        outcome = log_profile(spec, profile, tracking_uri=self.tracking_uri)
-        if getattr(outcome, "spooled", False):
-            self.log.warning("MLflow unreachable: profile spooled locally (%s)", getattr(outcome, "reason", ""))
-        else:
-            self.log.info("profile logged to MLflow run %s", getattr(outcome, "run_id", None))
+        log_measured_profile(spec, profile, self.tracking_uri, self.log)
 
     def on_kill(self) -> None:
         if self._backend is not None:
