@@ -132,6 +132,7 @@ def test_without_a_gpu_and_without_fake_it_says_so_and_writes_nothing(tmp_path):
 # --- end to end on the fake NVML node ----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the whole GPU check end to end on the fake node (about 26 s): in make test, not test-fast
 def test_fake_run_measures_energy_and_restores_every_limit_it_lowered(tmp_path):
     done, out = _run(tmp_path, "--control", "full", "--warmup-s", "1.5", "--steady-s", "3", "--light-s", "2")
     assert done.returncode == 0, done.stdout + done.stderr

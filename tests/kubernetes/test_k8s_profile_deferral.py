@@ -90,6 +90,7 @@ def test_the_profile_task_defers_on_each_run_and_resumes_on_another_worker(api) 
     assert not api.live("Pod") and not api.live("Job") and not api.live("ConfigMap")
 
 
+@pytest.mark.slow  # a whole blocking profile through the fake cluster (about 40 s): in make test, not test-fast
 def test_not_deferrable_profiles_in_the_task_as_before(api) -> None:  # type: ignore[no-untyped-def]
     profile = Profile.model_validate(_operator(api, deferrable=False).execute({"run_id": "k8s-profile-blocking"}))
     assert [p.config.containers for p in profile.points] == [1, 2]
