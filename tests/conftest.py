@@ -46,6 +46,26 @@ def _one_node_dir_per_test(tmp_path_factory, monkeypatch) -> None:  # type: igno
     monkeypatch.setenv("CARBONFLOW_NODE_DIR", str(tmp_path_factory.mktemp("node")))
 
 
+_FAKE_NVML_DIR = REPO / "tests" / "energy" / "fake_pynvml"
+
+
+@pytest.fixture(autouse=True)
+def _no_fake_driver_left_behind() -> None:
+    """Each test starts on this machine's real NVML (none here): a fake ``pynvml`` a previous test left in
+    ``sys.modules`` or on ``sys.path`` (outside ``monkeypatch``) would make a later test in the same process — an
+    xdist worker runs other files than a plain run — find the fake node's GPUs."""
+    import sys
+
+    while str(_FAKE_NVML_DIR) in sys.path:
+        sys.path.remove(str(_FAKE_NVML_DIR))
+    loaded = sys.modules.get("pynvml")
+    if loaded is not None and str(_FAKE_NVML_DIR) in str(getattr(loaded, "__file__", "")):
+        del sys.modules["pynvml"]
+        from carbonflow.energy import nvml
+
+        nvml._initialised = False
+
+
 @pytest.fixture(scope="session")
 def session_dir() -> Path:
     """The per-process scratch folder holding AIRFLOW_HOME and CARBONFLOW_HOME."""

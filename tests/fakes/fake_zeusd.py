@@ -27,8 +27,8 @@ FAKE_NVML_DIR = Path(__file__).resolve().parents[1] / "energy" / "fake_pynvml"
 
 
 def _fake_pynvml():
-    if str(FAKE_NVML_DIR) not in sys.path:
-        sys.path.insert(0, str(FAKE_NVML_DIR))
+    """The fake driver, loaded under its own name: never on ``sys.path``, where a later ``import pynvml`` in the
+    same process would take it for the real nvidia-ml-py."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("fake_pynvml_for_zeusd", FAKE_NVML_DIR / "pynvml.py")
