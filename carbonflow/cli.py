@@ -155,6 +155,17 @@ def run(
             "to its end at the swept limit best for the job's objective"
         ),
     ] = False,
+    stop_above_energy: Annotated[
+        float | None,
+        typer.Option(
+            help="an energy budget (J): once the run's energy passes it the training is asked to stop "
+            "(carbonflow.training.should_stop()), then stopped after --stop-grace seconds"
+        ),
+    ] = None,
+    stop_grace: Annotated[
+        float | None,
+        typer.Option(help="seconds a training asked to stop at its energy budget may take to stop (default 10)"),
+    ] = None,
 ) -> None:
     """Run a training command under the plan's power limit, measure it, always restore the limit."""
     from carbonflow.execution.wrapper import main_from_files
@@ -176,7 +187,8 @@ def run(
         job, plan, result, command,
         trace_csv=trace, trace_interval_s=trace_interval, profile_steps=profile_steps,
         warmup_steps=warmup_steps, sweep_limits_w=limits, stop_below_fraction=stop_below, output_dir=output_dir,
-        train_after_sweep=train_after_sweep,
+        train_after_sweep=train_after_sweep, stop_above_energy_j=stop_above_energy,
+        **({} if stop_grace is None else {"stop_grace_s": stop_grace}),
     )  # fmt: skip
     raise typer.Exit(code)
 

@@ -100,12 +100,19 @@ class EnergyMonitor:
 
     def end_window(self, name: str) -> Measurement:
         """End window ``name`` and return its measurement."""
+        return self._measure(name, close=True)
+
+    def read_window(self, name: str) -> Measurement:
+        """Window ``name`` so far, left open (e.g. a run's energy while it runs, to stop it at a budget)."""
+        return self._measure(name, close=False)
+
+    def _measure(self, name: str, close: bool) -> Measurement:
         with self._lock:
             if name not in self._open:
                 raise ValueError(f"window name={name!r} is not open; open windows: {sorted(self._open)}")
             energies = [d.energy_j() for d in self.devices]
             t = self._clock()
-            start = self._open.pop(name)
+            start = self._open.pop(name) if close else self._open[name]
         return Measurement(
             name=name,
             start_utc=start.start_utc,

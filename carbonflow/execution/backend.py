@@ -29,12 +29,12 @@ import time
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from carbonflow.domain import JobSpec, Plan, UtcDatetime, utcnow
 from carbonflow.execution.errors import RunTimedOut
 from carbonflow.execution.pair_wrapper import SharedRequest, SharedRun
-from carbonflow.execution.wrapper import WrappedRun
+from carbonflow.execution.wrapper import ENERGY_STOP_GRACE_S, WrappedRun, check_energy_budget
 
 HANDLE_FORMAT_VERSION = 1
 
@@ -56,6 +56,26 @@ class RunOptions(BaseModel):
     )
     trace: bool = True
     timeout_s: float | None = Field(default=None, gt=0)
+    stop_above_energy_j: float | None = Field(
+        default=None,
+        description="an energy budget (J): once the run's measured energy (GPUs and CPU, as it is accounted) passes "
+        "it, the wrapper asks the training to stop (carbonflow.training.should_stop()) and stops it after "
+        "stop_grace_s; None: no budget. Honoured where the backend says supports_energy_budget (the local one)",
+    )
+    stop_grace_s: float = Field(
+        default=ENERGY_STOP_GRACE_S,
+        description="how long a training asked to stop at its energy budget may take before it is stopped (s)",
+    )
+
+    @field_validator("stop_above_energy_j")
+    @classmethod
+    def _energy_budget(cls, value: float | None) -> float | None:
+        return check_energy_budget("stop_above_energy_j", value)
+
+    @field_validator("stop_grace_s")
+    @classmethod
+    def _grace(cls, value: float) -> float:
+        return check_energy_budget("stop_grace_s", value, optional=False)  # type: ignore[return-value]
 
 
 class RunHandle(BaseModel):

@@ -256,6 +256,11 @@ class KubernetesBackend:
     ) -> KubernetesManifests:
         """The validated objects ``execute`` would create (a dry run: nothing is sent to the cluster)."""
         options = options or RunOptions()
+        if options.stop_above_energy_j is not None:
+            raise ValueError(
+                f"stop_above_energy_j={options.stop_above_energy_j:g} is not supported on the Kubernetes backend yet; "
+                "leave it None (an energy budget is honoured by the local backend: supports_energy_budget)"
+            )
         manifests = self.builder.build(
             spec, plan, profile_steps=options.profile_steps, warmup_steps=options.warmup_steps,
             sweep_limits_w=options.sweep_limits_w, stop_below_fraction=options.stop_below_fraction,

@@ -66,6 +66,8 @@ class LocalBackend:
     supports_shared = True
     supports_in_run_profiling = True
     """``RunOptions.train_after_sweep`` is honoured (the wrapper sweeps inside the training and trains on)."""
+    supports_energy_budget = True
+    """``RunOptions.stop_above_energy_j`` is honoured (the wrapper stops the run once its energy passes it)."""
 
     def __init__(self, workdir: Path, *, python: str = sys.executable, trace_interval_s: float = 0.5) -> None:
         self.workdir = Path(workdir)
@@ -190,6 +192,9 @@ class LocalBackend:
             args += ["--stop-below", f"{options.stop_below_fraction:g}"]
         if options.train_after_sweep:
             args += ["--train-after-sweep"]
+        if options.stop_above_energy_j is not None:
+            args += ["--stop-above-energy", repr(options.stop_above_energy_j)]
+            args += ["--stop-grace", repr(options.stop_grace_s)]
         return args
 
     def _launch(self, command: list[str], run_dir: Path, kind: str, jobs: list[str]) -> RunHandle:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import os
 import shlex
 import signal
@@ -61,6 +62,23 @@ WINDOW_TOO_SHORT = "profile window too short"
 ``profile_min_window_s``: the profile then falls back to the whole run (or drops that limit), and says so."""
 IN_RUN_PROFILE = "in-run profiling"
 """Starts the note of a training that swept its power limits inside itself and went on at the best one."""
+ENERGY_BUDGET_STOP = "stopped at its energy budget"
+"""Starts the note of a run the wrapper stopped once its energy passed ``stop_above_energy_j``."""
+ENERGY_STOP_GRACE_S = 10.0
+"""How long a training asked to stop at its energy budget (``should_stop()``) may take before it is stopped."""
+ENERGY_CHECK_S = 0.1
+"""How often the wrapper reads a budgeted run's energy (each read asks every device for its counter)."""
+
+
+def check_energy_budget(name: str, value: float | None, *, optional: bool = True) -> float | None:
+    """``value`` if it is an allowed energy budget or grace period (a finite number > 0; None when ``optional``),
+    else a ValueError naming ``name``, the value and what is allowed."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        allowed = "a finite number > 0" + (" (or None: no budget)" if optional else "")
+        raise ValueError(f"{name}={value!r} is not allowed; give {allowed}")
+    return float(value)
 
 
 class Terminated(Exception):
@@ -113,6 +131,10 @@ class WrappedRun(BaseModel):
     notes: list[str] = Field(default_factory=list)
     power_trace_csv: str | None = None
     output_dir: str | None = None
+    stopped_at_energy_budget_j: float | None = Field(
+        default=None,
+        description="the energy budget (J, stop_above_energy_j) the wrapper stopped the run at; None: not stopped",
+    )
 
 
 class _Progress:
@@ -244,6 +266,55 @@ class _Sweep:
         return len(self.limits_w) * (self.warmup_steps + self.profile_steps + 10) + 2 * self.warmup_steps
 
 
+class _EnergyBudget:
+    """``stop_above_energy_j``: once the run's energy (its GPUs and CPU, what the run is accounted) passes the budget,
+    the training is asked to stop (the stop file: ``carbonflow.training.should_stop()`` turns true); one still
+    running ``grace_s`` later is stopped (a planned end: exit status 0)."""
+
+    def __init__(self, budget_j: float, grace_s: float, monitor: EnergyMonitor, stop_file: Path) -> None:
+        self.budget_j, self.grace_s, self.monitor, self.stop_file = budget_j, grace_s, monitor, stop_file
+        self.spent_j: float | None = None
+        """The run's energy when the training was asked to stop (None: it never passed the budget)."""
+        self.asked_s: float | None = None
+        self.forced = False
+        self._next_read_s = 0.0
+
+    def overdue(self, child: subprocess.Popen[bytes]) -> bool:
+        """Whether the training must be stopped now: asked ``grace_s`` ago and still running (asks it first, once
+        the run's energy passed the budget; the energy is read every ``ENERGY_CHECK_S``)."""
+        now = time.monotonic()
+        if self.asked_s is not None:
+            return now - self.asked_s >= self.grace_s and child.poll() is None
+        if now >= self._next_read_s:
+            self._next_read_s = now + ENERGY_CHECK_S
+            spent_j = accounted_energy_j(self.monitor.read_window("run"))
+            if spent_j > self.budget_j:
+                self.spent_j, self.asked_s = spent_j, now
+                self.stop_file.touch()
+        return False
+
+    def stop(self, child: subprocess.Popen[bytes]) -> int:
+        """Stop a training that outlived its grace period; the run ended as planned (0)."""
+        _stop_child(child)
+        self.forced = True
+        return 0
+
+    def note(self) -> str | None:
+        """What the run's notes say of the budget (None: the run never passed it)."""
+        if self.spent_j is None:
+            return None
+        how = f"did not stop within {self.grace_s:g} s and was stopped" if self.forced else "stopped"
+        return (
+            f"{ENERGY_BUDGET_STOP}: the run had spent {self.spent_j:.1f} J, more than stop_above_energy_j="
+            f"{self.budget_j:g} J; the training was asked to stop (carbonflow.training.should_stop()) and {how}"
+        )
+
+
+def accounted_energy_j(measurement: Any) -> float:
+    """A measurement's energy as a run is accounted (its GPUs and CPU: ``RunResult.energy_total_j``)."""
+    return sum(j for kind, j in measurement.energy_by_kind_j().items() if kind in ("gpu", "cpu"))
+
+
 def training_env(
     spec: JobSpec,
     progress_file: Path,
@@ -346,6 +417,8 @@ def run_wrapped(
     output_dir: Path | None = None,
     result_key: str | None = None,
     train_after_sweep: bool = False,
+    stop_above_energy_j: float | None = None,
+    stop_grace_s: float = ENERGY_STOP_GRACE_S,
 ) -> WrappedRun:
     """Run ``command`` under the plan's power limit with energy measured; never leaves a limit lowered.
 
@@ -355,7 +428,13 @@ def run_wrapped(
     ``train_after_sweep`` too the sweep is in-run profiling, as Zeus's JIT profiler: the measured windows are
     the training's first steps, kept, and once every limit was measured the training goes on to its end at the
     limit best for the job's objective (``WrappedRun.power_limit_w``); its windows are the profile.
+
+    ``stop_above_energy_j``: an energy budget. Once the run's energy (GPUs and CPU, as it is accounted) passes it,
+    the training is asked to stop (``carbonflow.training.should_stop()``), and stopped when it still runs
+    ``stop_grace_s`` later; the run's note and ``WrappedRun.stopped_at_energy_budget_j`` say so.
     """
+    check_energy_budget("stop_above_energy_j", stop_above_energy_j)
+    check_energy_budget("stop_grace_s", stop_grace_s, optional=False)
     if not command:
         raise ValueError("command is empty; give the training command after '--'")
     if train_after_sweep and profile_steps is None:
@@ -369,7 +448,8 @@ def run_wrapped(
                        trace_csv=trace_csv, trace_interval_s=trace_interval_s, profile_steps=profile_steps,
                        warmup_steps=warmup_steps, sweep_limits_w=sweep_limits_w,
                        stop_below_fraction=stop_below_fraction, output_dir=output_dir,
-                       result_key=result_key, train_after_sweep=train_after_sweep)  # fmt: skip
+                       result_key=result_key, train_after_sweep=train_after_sweep,
+                       stop_above_energy_j=stop_above_energy_j, stop_grace_s=stop_grace_s)  # fmt: skip
     finally:
         if lease is not None:
             lease.release()
@@ -394,6 +474,8 @@ def _run_on(
     output_dir: Path | None,
     result_key: str | None = None,
     train_after_sweep: bool = False,
+    stop_above_energy_j: float | None = None,
+    stop_grace_s: float = ENERGY_STOP_GRACE_S,
 ) -> WrappedRun:
     devices = [*gpus, *(d for d in found if d.kind != "gpu")]
     _set_busy(all_gpus, False)  # a simulated GPU accrues energy only while the training works
@@ -409,6 +491,8 @@ def _run_on(
     simulated = any(callable(getattr(g, "slowdown_factor", None)) for g in gpus)
     slowdown_file = workdir / "sim_slowdown" if simulated else None
     stop_file = workdir / "stop"
+    budget = None if stop_above_energy_j is None else _EnergyBudget(stop_above_energy_j, stop_grace_s, monitor,
+                                                                   stop_file)  # fmt: skip
     sweep: _Sweep | None = None
     if profile_steps is not None:
         limits: list[float | None] = list(sweep_limits_w) if sweep_limits_w else [plan.config.power_limit_w]
@@ -489,6 +573,9 @@ def _run_on(
                     if code is not None:
                         exit_code = code
                         break
+                    if budget is not None and budget.overdue(child):
+                        exit_code = budget.stop(child)
+                        break
                     if lines is not None and profiling_only and sweep is not None and sweep.done:
                         exit_code = _stop_measured(child, notes)
                         break
@@ -523,6 +610,9 @@ def _run_on(
     progress.poll()
     if exit_code < 0:
         notes.append(f"training process ended by signal {signal.Signals(-exit_code).name}")
+    budget_note = budget.note() if budget is not None else None
+    if budget_note:
+        notes.append(budget_note)
     from carbonflow.accounting.energy import device_energies
 
     per_device = device_energies(total, devices)
@@ -565,6 +655,7 @@ def _run_on(
         notes=notes,
         power_trace_csv=str(trace_csv) if trace_csv else None,
         output_dir=str(out_dir),
+        stopped_at_energy_budget_j=stop_above_energy_j if budget_note else None,
     )
     emit_result(wrapped, result_path, result_key)
     if received:

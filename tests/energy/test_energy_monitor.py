@@ -43,6 +43,22 @@ def test_nested_windows_per_device_with_labels():
     assert outer.start_utc.tzinfo is not None and outer.end_utc >= outer.start_utc
 
 
+def test_a_window_read_while_open_stays_open():
+    clock = FakeClock()
+    gpu = SimulatedGpu(SimulatedGpuSpec(), clock=clock)
+    p = gpu.power_model.average_power_w(250)
+    mon = EnergyMonitor([gpu], clock=clock)
+    mon.begin_window("run")
+    clock.t += 2
+    so_far = mon.read_window("run")  # a budgeted run's energy while it runs
+    clock.t += 3
+    assert so_far.elapsed_s == pytest.approx(2) and so_far.total_j == pytest.approx(2 * p)
+    assert mon.open_windows == ["run"]
+    assert mon.end_window("run").total_j == pytest.approx(5 * p)
+    with pytest.raises(ValueError, match="window name='run' is not open"):
+        mon.read_window("run")
+
+
 def test_mixed_labels_are_kept_apart():
     gpu = SimulatedGpu(SimulatedGpuSpec())
     cpu = CpuDevice(force_estimate=True)
