@@ -241,6 +241,12 @@ def _opt_int(text: str | None) -> int | None:
     return None if value is None else int(value)
 
 
+def _default_batch_size(text: str | None) -> int | None:
+    """N of a ``batch_size`` param logged as ``default (N)`` (a run at the job's own batch size), else None."""
+    inner = (text or "").removeprefix("default (").removesuffix(")")
+    return int(inner) if text and text.startswith("default (") and inner.isdigit() else None
+
+
 def _colocated(params: dict[str, str]) -> tuple[str, ...]:
     value = params.get(schema.P_COLOCATED_JOBS, "none")
     return () if value in ("", "none") else tuple(sorted(value.split(",")))
@@ -286,6 +292,8 @@ class RealisedVsPredicted:
     sharing_lost_s: float | None = None
     """Co-located: time and energy the run spent because it shared its GPU (the pair wrapper's figures)."""
     sharing_energy_j: float | None = None
+    default_batch_size: int | None = None
+    """The job's own batch size a run at it was logged with (``default (N)``; ``batch_size`` is then None)."""
 
     @property
     def duration_ratio(self) -> float | None:
@@ -309,7 +317,8 @@ class RealisedVsPredicted:
             realised_duration_s=self.duration_s,
             predicted_energy_j=self.predicted_energy_j,
             realised_energy_j=self.energy_total_j,
-            batch_size=self.batch_size,
+            # a run at the job's own batch size is one of that batch size's: the batch-size explorer counts it there
+            batch_size=self.batch_size if self.batch_size is not None else self.default_batch_size,
             power_limit_w=self.power_limit_w,
             containers=self.containers,
             epochs=self.epochs,
@@ -373,6 +382,7 @@ def _row(job: str, view: RunView) -> RealisedVsPredicted | None:
         samples=_num(m, schema.M_SAMPLES) or None,
         sharing_lost_s=_num(m, schema.M_SHARING_LOST_S),
         sharing_energy_j=_num(m, schema.M_SHARING_ENERGY_J),
+        default_batch_size=_default_batch_size(p.get(schema.P_BATCH_SIZE)),
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from importlib import metadata
 from pathlib import Path
@@ -109,8 +109,14 @@ def training_record(
     provenance: dict[str, str] | None = None,
     would_have: Plan | None = None,
     error: str | None = None,
+    reached_target: bool | None = None,
+    extra_tags: Mapping[str, str] | None = None,
 ) -> RunRecord:
     """The complete MLflow record of one training run (artifacts rendered into ``workdir``).
+
+    ``reached_target``: whether the run reached the job's target, when the caller knows better than the run's last
+    ``target_metric`` (a run stopped at its energy budget did not); ``extra_tags``: further ``carbonflow.*`` tags of
+    the schema (e.g. ``carbonflow.stopped_at_energy_j``).
 
     A failed training (non-zero exit) gets the tag ``carbonflow.error`` (``error``: its exit status and last output
     lines; else the exit status alone) and no saving: the work was not done, so nothing was saved.
@@ -214,10 +220,13 @@ def training_record(
             f"{format_emissions_g(result.emissions_g)} CO2e",
         )
 
-    if spec.target_metric is not None and spec.target_value is not None and spec.target_metric in result.metrics:
+    if reached_target is not None:
+        tags_extra = {schema.T_REACHED_TARGET: str(reached_target).lower()}
+    elif spec.target_metric is not None and spec.target_value is not None and spec.target_metric in result.metrics:
         tags_extra = {schema.T_REACHED_TARGET: str(result.metrics[spec.target_metric] >= spec.target_value).lower()}
     else:
         tags_extra = {}
+    tags_extra.update(extra_tags or {})
     replay = plan.replay or (forecast is not None and forecast.replay)
     tags = {
         schema.T_JOB: spec.name,
@@ -317,6 +326,8 @@ def log_training_run(
     provenance: dict[str, str] | None = None,
     would_have: Plan | None = None,
     error: str | None = None,
+    reached_target: bool | None = None,
+    extra_tags: Mapping[str, str] | None = None,
 ) -> TrackingOutcome:
     """Log one training run (schema, plan/result JSON, power trace, Pareto and forecast PNGs, model).
 
@@ -340,6 +351,8 @@ def log_training_run(
             provenance=provenance,
             would_have=would_have,
             error=error,
+            reached_target=reached_target,
+            extra_tags=extra_tags,
         )
         outcome = deliver(record, tracking_uri, root=spool_dir)
     if result.succeeded and result.saving_fraction is not None:

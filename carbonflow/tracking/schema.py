@@ -105,6 +105,10 @@ T_RECORDED_AT = "carbonflow.recorded_at"
 """Wall-clock UTC time a training's record was made: orders runs whose (replayed) start times are the same."""
 """A failed training's exit status and its command's last output lines (a failed run logs no saving)."""
 T_REACHED_TARGET = "carbonflow.reached_target"
+T_STOPPED_AT_ENERGY_J = "carbonflow.stopped_at_energy_j"
+"""A run the wrapper stopped at its energy budget (the batch-size explorer's threshold, J), short of its target."""
+T_FOLLOWS_STOPPED_RUN = "carbonflow.follows_stopped_run"
+"""A rerun at the best known batch size: the MLflow run (else idempotency key) of the attempt stopped before it."""
 T_DAG_ID = "carbonflow.dag_id"
 T_DAG_RUN_ID = "carbonflow.dag_run_id"
 T_TASK_ID = "carbonflow.task_id"
@@ -268,6 +272,20 @@ SCHEMA: tuple[SchemaEntry, ...] = (
     ),
     SchemaEntry(T_NOTE, "tag", "training, profile", "MLflow's run description: plan reason, run and forecast notes"),
     SchemaEntry(T_REACHED_TARGET, "tag", "training", "`true`/`false`: the job's target metric was reached"),
+    SchemaEntry(
+        T_STOPPED_AT_ENERGY_J,
+        "tag",
+        "training (stopped)",
+        "the energy budget (J, the batch-size explorer's threshold) the run was stopped at, short of its target: "
+        "`carbonflow.reached_target` is `false`, `epochs` the epochs it ran, and the night reran the job",
+    ),
+    SchemaEntry(
+        T_FOLLOWS_STOPPED_RUN,
+        "tag",
+        "training (rerun)",
+        "a rerun at the best known batch size: the MLflow run id of the attempt stopped before it (its energy is "
+        "logged there; the night's energy is both runs')",
+    ),
     SchemaEntry(T_IDEMPOTENCY_KEY, "tag", "all", "client-made key; replay from the spool never duplicates a run"),
     SchemaEntry(T_COMPLETE, "tag", "all", "`true` once every field and artifact was written"),
     SchemaEntry(T_SPOOLED, "tag", "all", "`true` when the run was written later from the local spool (outage)"),
