@@ -20,7 +20,8 @@ from carbonflow.execution.backend import Backend, RunHandle
 from carbonflow.operators.common import home, with_connection_env
 from carbonflow.operators.kubernetes import DEFAULT_CONN_ID, operator_backend
 from carbonflow.operators.triggers import BackendRunTrigger
-from carbonflow.session.profile import log_measured_profile, reusable_profile
+from carbonflow.session.early_stop import stops_early
+from carbonflow.session.profile import log_measured_profile, reusable_profile, with_batch_size_probes
 
 if TYPE_CHECKING:
     from carbonflow.energy.device import Device
@@ -89,7 +90,7 @@ class EnergyProfileOperator(BaseOperator):
         if self.reuse_profiles:
             fresh = reusable_profile(spec, device_model, utcnow(), self.tracking_uri, self.log)
             if fresh is not None:
-                return fresh.model_dump(mode="json")
+                return self._probed(context, spec, devices, fresh).model_dump(mode="json")
         self._backend = self._make_backend(context, spec)
         self.log.info("profiling %s on %s", spec.name, ", ".join(d.describe() for d in devices))
         if self.deferrable and self._backend.supports_deferral:
@@ -99,7 +100,17 @@ class EnergyProfileOperator(BaseOperator):
             step_w=self.step_w, on_progress=self._progress, probe=self.probe,
         )  # fmt: skip
         self._log_profile(spec, profile)
-        return profile.model_dump(mode="json")
+        return self._probed(context, spec, devices, profile).model_dump(mode="json")
+
+    def _probed(self, context: Any, spec: JobSpec, devices: list[Device], profile: Profile) -> Profile:
+        """The profile with the batch sizes the job's explorer asks for probed (the session decides; each probe is
+        one short single-limit run through this task's backend, waited for here, and the merged profile is logged)."""
+        if not stops_early(spec):  # no explorer: no probes, no backend made for them
+            return profile
+        if self._backend is None:
+            self._backend = self._make_backend(context, spec)
+        return with_batch_size_probes(with_connection_env(spec), profile, self._backend, devices, self.tracking_uri,
+                                      self.log)  # fmt: skip
 
     def execute_run_ended(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         """A profiling run ended (the trigger fired): collect it here, on whichever worker resumed, then start the
@@ -120,7 +131,7 @@ class EnergyProfileOperator(BaseOperator):
         if planned is None:
             profile = sweep.profile()
             self._log_profile(sweep.spec, profile)
-            return profile.model_dump(mode="json")
+            return self._probed(None, sweep.spec, sweep.devices, profile).model_dump(mode="json")
         plan, options = planned
         handle = backend.start(with_connection_env(sweep.spec), plan, options)
         self.log.info("profiling %s with %s as run %s; waiting for it without holding a worker", sweep.spec.name,

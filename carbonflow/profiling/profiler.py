@@ -364,15 +364,73 @@ def profile_from_training(
     sweep = ProfileSweep(spec, devices, samples_per_epoch=samples_per_epoch)
     sweep.add(run, config)
     fresh = sweep.profile()
-    keys = {p.config.key() for p in fresh.points}
-    kept = [p for p in (earlier.points if earlier is not None else []) if p.config.key() not in keys]
     note = (
         f"{IN_RUN_PROFILE}: {len(fresh.points)} limit(s) at {config.model_copy(update={'power_limit_w': None}).key()}"
         " measured inside a training run (its work kept)"
     )
+    return merged_profile(fresh, earlier, note)
+
+
+def merged_profile(fresh: Profile, earlier: Profile | None, note: str) -> Profile:
+    """``fresh``'s points merged into ``earlier``'s (a point of ``earlier`` at a configuration ``fresh`` measured is
+    replaced, the others kept), with ``note`` added to ``fresh``'s notes: the profile the next night reads."""
+    keys = {p.config.key() for p in fresh.points}
+    kept = [p for p in (earlier.points if earlier is not None else []) if p.config.key() not in keys]
     per_epoch = fresh.samples_per_epoch or (earlier.samples_per_epoch if earlier is not None else None)
     points, notes = [*kept, *fresh.points], [*fresh.notes, note]
     return fresh.model_copy(update={"points": points, "notes": notes, "samples_per_epoch": per_epoch})
+
+
+BATCH_SIZE_PROBE = "batch-size probe"
+"""Starts the note of a profile that merged single-limit probes of batch sizes the explorer asked for."""
+
+
+def run_probes(
+    spec: JobSpec,
+    backend: Executor,
+    devices: list[Device],
+    configs: list[Config],
+    earlier: Profile,
+    *,
+    samples_per_epoch: int | None = None,
+    on_progress: Callable[[Config, int, int], None] | None = None,
+) -> Profile:
+    """Probe each of ``configs`` with one short single-limit run at its batch size and power limit
+    (``profile_warmup_steps``, then ``profile_steps`` measured; a separate pass whose work is thrown away, like a
+    profile) and merge the points into ``earlier``, whose points at other configurations are kept
+    (:func:`merged_profile`). ``on_progress(config, n, of)`` is told before each probe. A probe that measured
+    nothing is left out with a warning; ``earlier`` itself when none measured anything."""
+    sweep = ProfileSweep(spec, devices, samples_per_epoch=samples_per_epoch, probe=True)
+    for n, config in enumerate(configs, 1):
+        if on_progress is not None:
+            on_progress(config, n, len(configs))
+        try:
+            sweep.add(backend.execute(spec, *_probe_run(spec, config)), config)
+        except ProfilingError as err:
+            log.warning("%s: the probe of %s measured nothing usable (%s); left out", spec.name, config.key(), err)
+    if not sweep.state.points:
+        return earlier
+    fresh = sweep.profile()
+    probed = ", ".join(p.config.key() for p in fresh.points)
+    note = f"{BATCH_SIZE_PROBE}: {probed} probed at one limit each (a separate pass, its work thrown away)"
+    # One limit per batch size: there are no power limits to tell apart, so no noise note of the probes'; the
+    # earlier profile's notes (its own limits' noise among them) stay, as its points do.
+    windows = [n for n in fresh.notes if PROFILE_NOISE not in n]
+    notes = list(dict.fromkeys([*earlier.notes, *windows, note]))
+    return merged_profile(fresh, earlier, note).model_copy(update={"notes": notes})
+
+
+def _probe_run(spec: JobSpec, config: Config) -> tuple[Plan, RunOptions]:
+    """A batch-size probe's plan and run options: one measured window at the configuration's limit."""
+    limit = "no power limit" if config.power_limit_w is None else f"{config.power_limit_w:g} W"
+    plan = Plan(
+        job=spec.name, config=config, start=utcnow(), predicted_duration_s=0, predicted_energy_j=0,
+        predicted_emissions_g=0, region=spec.region, forecast_provider="none (profiling)",
+        reason=f"probing batch size {config.batch_size} at {limit}",
+    )  # fmt: skip
+    options = RunOptions(run_name=f"probe-b{config.batch_size}", profile_steps=spec.profile_steps,
+                         warmup_steps=spec.profile_warmup_steps, trace=False)  # fmt: skip
+    return plan, options
 
 
 def pair_member(spec: JobSpec, plan: Plan, profile: Profile, min_kept_speed: float | None = None) -> SharedMember:
