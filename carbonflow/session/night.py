@@ -116,6 +116,7 @@ def plan_night_batch(
     history: Any = None,
     gpus: int | None = None,
     log: logging.Logger | logging.LoggerAdapter = _LOG,  # type: ignore[type-arg]
+    early_stop: bool = True,
 ) -> NightPlan:
     """Plan the night's batch jointly (power limit, containers, start, co-location) from its profiles.
 
@@ -123,6 +124,9 @@ def plan_night_batch(
     pairs measured together tonight (:class:`~carbonflow.planning.pairs.PairProfile`); ``history`` the
     jobs' MLflow history (None: plan from the profiles alone); ``gpus`` the GPUs the batch shares (plans
     are fitted onto them, :func:`carbonflow.planning.night_gpus.fit_plans_to_gpus`; None: one per job).
+    ``early_stop``: a solo run of a job that explores batch sizes towards a target is stopped at the explorer's
+    threshold and rerun at the best known batch size (``RunSession`` on the local backend), so its plan reserves the
+    rerun (``plan_job(..., early_stop=True)``; on Kubernetes, where runs are not stopped yet, that room is spare).
     """
     from carbonflow.planning.night import plan_night
 
@@ -132,8 +136,9 @@ def plan_night_batch(
     forecasts = _forecasts(source, specs, now)
     recent = {region: source.recent_actuals(region, now) for region in forecasts}
     plans = plan_night(
-        specs, profiles, forecasts, now, pair_profiles=pair_profiles, history=history, intensity_history=recent
-    )
+        specs, profiles, forecasts, now, pair_profiles=pair_profiles, history=history, intensity_history=recent,
+        early_stop=early_stop,
+    )  # fmt: skip
     by_name = {s.name: s for s in specs}
     if gpus is not None:
         plans = _fit_to_gpus(plans, gpus, now, forecasts, by_name, profiles, history)

@@ -46,10 +46,38 @@ class JobOutcome:
         default=None,
         metadata={"doc": "what the training measured of its power limits inside itself (in-run profiling)"},
     )
+    stopped: JobOutcome | None = field(
+        default=None,
+        metadata={"doc": "the attempt stopped at its energy budget that this rerun follows (its own MLflow run)"},
+    )
+    stopped_at_energy_budget_j: float | None = field(
+        default=None, metadata={"doc": "this run was stopped at this energy budget (J) short of its target"}
+    )
+
+    @property
+    def attempts(self) -> list[JobOutcome]:
+        """Every run of the job tonight, in order: the stopped attempt (if any), then this one."""
+        return [*(self.stopped.attempts if self.stopped is not None else []), self]
 
     @property
     def failure(self) -> str | None:
-        """Why the task must fail: the training failed, or a GPU's power limit could not be put back."""
+        """Why the task must fail: a training failed, or a GPU's power limit could not be put back (either run)."""
+        reasons = [f for f in (a._own_failure() for a in self.attempts) if f]
+        return "\n".join(reasons) or None
+
+    @property
+    def night_energy_total_j(self) -> float | None:
+        """The job's energy tonight, every attempt's (None: an earlier try's attempt is known only to MLflow)."""
+        results = [a.result for a in self.attempts]
+        return None if any(r is None for r in results) else sum(r.energy_total_j for r in results)  # type: ignore[union-attr]
+
+    @property
+    def night_emissions_g(self) -> float | None:
+        """The job's emissions tonight, every attempt's (None as for :attr:`night_energy_total_j`)."""
+        results = [a.result for a in self.attempts]
+        return None if any(r is None for r in results) else sum(r.emissions_g for r in results)  # type: ignore[union-attr]
+
+    def _own_failure(self) -> str | None:
         if self.result is None:
             return None
         reasons = []
@@ -75,10 +103,10 @@ class JobOutcome:
         if self.tracking.get("spooled"):
             out.append(f"{self.plan.job}: MLflow was unreachable; its run is held and will be logged late "
                        f"({self.tracking.get('reason')})")  # fmt: skip
-        return out
+        return [*(self.stopped.warnings(finish_by) if self.stopped is not None else []), *out]
 
     def to_json(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "plan": self.plan.model_dump(mode="json"),
             "result": self.result.model_dump(mode="json") if self.result else None,
             "tracking": self.tracking,
@@ -86,6 +114,10 @@ class JobOutcome:
         }
         if self.profile is not None:
             out["profile"] = self.profile.model_dump(mode="json")
+        if self.stopped is not None:
+            out["stopped_attempt"] = self.stopped.to_json()
+            out["night_energy_total_j"] = self.night_energy_total_j
+            out["night_emissions_g"] = self.night_emissions_g
         return out
 
 
@@ -104,7 +136,8 @@ class GroupOutcome:
         """Raise :class:`~carbonflow.execution.errors.PowerLimitNotRestored` when a GPU's limit could not be put
         back after a job (read from ``RunResult.power_limits_not_restored``): its message names each GPU with the
         wanted and the actual limit, and any other failure of the group. The task fails with it."""
-        if not any(j.result is not None and j.result.power_limits_not_restored for j in self.jobs):
+        attempts = [a for j in self.jobs for a in j.attempts]
+        if not any(a.result is not None and a.result.power_limits_not_restored for a in attempts):
             return
         from carbonflow.execution.errors import PowerLimitNotRestored
 
@@ -122,7 +155,7 @@ class GroupOutcome:
     @property
     def held(self) -> list[dict[str, Any]]:
         """Tracking outcomes of runs that wait for MLflow (spooled), with their spool entry."""
-        return [j.tracking for j in self.jobs if j.tracking.get("spooled")]
+        return [a.tracking for j in self.jobs for a in j.attempts if a.tracking.get("spooled")]
 
     def to_json(self) -> dict[str, Any]:
         return {"group": self.label, "runs": {j.plan.job: j.to_json() for j in self.jobs}}
@@ -164,10 +197,19 @@ class RunSession:
 
         recent = self.source.recent_actuals(spec.region, now)  # the planner's check on the forecast
         plan = plan_job(spec, profile, forecast, now, self.history([spec.name]), on_infeasible="fastest",
-                        intensity_history=recent)  # fmt: skip
+                        intensity_history=recent, early_stop=self.stops_early(spec))  # fmt: skip
         if forecast is not None:
             plan.replay = forecast.replay
         return plan
+
+    def stops_early(self, spec: JobSpec) -> bool:
+        """Whether a solo run of ``spec`` is stopped at the batch-size explorer's threshold and rerun at the best
+        known batch size (a job trained to a target that explores batch sizes, on a backend that honours an energy
+        budget: the local one); its plan then reserves the rerun (``plan_job(..., early_stop=True)``)."""
+        from carbonflow.execution.backend import backend_class
+        from carbonflow.session.early_stop import stops_early
+
+        return stops_early(spec) and getattr(backend_class(self.backend_name), "supports_energy_budget", False)
 
     def plan_alone(self, spec: JobSpec, profile: Profile, now: datetime) -> WaitState:
         """A job planned on its own (no night plan): its configuration and start before finish-by."""
@@ -264,7 +306,11 @@ class RunSession:
         return _outcome(state, found)
 
     def launch(self, state: WaitState, clock: SessionClock) -> GroupOutcome:
-        """Train the group now (once, however it is retried: see :meth:`already_logged`), account and log."""
+        """Train the group now (once, however it is retried: see :meth:`already_logged`), account and log.
+
+        A job alone that explores batch sizes towards a target is stopped at the explorer's threshold and rerun at
+        the best known batch size on a backend that honours an energy budget (:mod:`carbonflow.session.early_stop`);
+        a pair, and pods on Kubernetes, run to their end."""
         earlier = self.already_logged(state)
         if earlier is not None:
             return earlier
@@ -273,28 +319,113 @@ class RunSession:
             return self._launch_pods(state, clock)
         if state.shared:
             return self._launch_pair(state, clock)
-        member = state.members[0]
-        self.log.info("launching %s with %s", member.job.name, member.plan.config.key())
+        return _outcome(state, [self._launch_solo(state.members[0], state, clock)])
+
+    def _launch_solo(self, member: GroupMember, state: WaitState, clock: SessionClock) -> JobOutcome:
+        """One job alone. A run that explores batch sizes towards a target has an energy budget (the explorer's
+        threshold); stopped there short of its target, it is logged as not reached and the job reruns at once at
+        the best known batch size (:mod:`carbonflow.session.early_stop`). A retried task whose earlier try logged
+        the stopped attempt goes on with the rerun."""
+        from carbonflow.session.early_stop import stops_early
+
+        budgeted = (
+            stops_early(member.job)
+            and member.would_have is None
+            and getattr(self._backend, "supports_energy_budget", False)
+        )
+        stopped = self._stopped_by_earlier_try(member) if budgeted else None
+        if stopped is None:
+            budget_j = self._energy_budget_j(member) if budgeted else None
+            first = self._train_solo(member, member.plan, state, clock, budget_j=budget_j)
+            if first.stopped_at_energy_budget_j is None:
+                return first
+            stopped = first
+        return self._rerun_at_best(member, stopped, state, clock)
+
+    def _energy_budget_j(self, member: GroupMember) -> float | None:
+        """The energy the member's run may spend before it is stopped (None: it runs to its end)."""
+        from carbonflow.session.early_stop import energy_budget_j
+
+        budget_j = energy_budget_j(member.job, member.profile, member.plan, self.history([member.job.name]))
+        if budget_j is not None:
+            self.log.info("%s: this run may spend %s (the batch-size explorer's threshold); past it the training is "
+                          "stopped and the job reruns at the best known batch size", member.job.name,
+                          format_energy_j(budget_j))  # fmt: skip
+        return budget_j
+
+    def _stopped_by_earlier_try(self, member: GroupMember) -> JobOutcome | None:
+        """The attempt an earlier try of this task stopped at its energy budget and logged (None: none did)."""
+        from carbonflow.session.early_stop import STOPPED_KEY_SUFFIX
+        from carbonflow.tracking.store import completed_run
+
+        key = self.identity(member.job.name).get("idempotency_key")
+        run = completed_run(member.job.name, f"{key}{STOPPED_KEY_SUFFIX}", self.tracking_uri) if key else None
+        if run is None:
+            return None
+        self.log.info("%s: an earlier try of this task stopped its run at the energy budget and logged it; not "
+                      "training it again, rerunning at the best known batch size", member.job.name)  # fmt: skip
+        return JobOutcome(plan=member.plan, tracking=run, reused=True)
+
+    def _train_solo(
+        self,
+        member: GroupMember,
+        plan: Plan,
+        state: WaitState,
+        clock: SessionClock,
+        *,
+        budget_j: float | None = None,
+        run_name: str = "train",
+        follows: JobOutcome | None = None,
+    ) -> JobOutcome:
+        """Train ``plan`` alone (profiling its limits inside the run when its batch size has no profiled limits),
+        stopped at ``budget_j`` when given; account and log it. ``follows``: the stopped attempt a rerun follows."""
         from carbonflow.session.in_run import in_run_options_for, learn_profile, ran_as
 
-        in_run = in_run_options_for(member.job, member.profile, member.plan, self._backend,
+        self.log.info("launching %s with %s", member.job.name, plan.config.key())
+        in_run = in_run_options_for(member.job, member.profile, plan, self._backend,
                                     shadow=member.would_have is not None)  # fmt: skip
         if in_run is not None:
             self.log.info("%s: its batch size has no profiled limits; the training sweeps them inside itself and "
                           "keeps that work (in-run profiling)", member.job.name)  # fmt: skip
         try:
-            if in_run is not None:  # its run_name is "train" too
-                wrapped = self._backend.execute(member.job, member.plan, in_run)
+            if in_run is None and budget_j is None:
+                wrapped = self._backend.execute(member.job, plan, run_name=run_name)
             else:
-                wrapped = self._backend.execute(member.job, member.plan, run_name="train")
+                wrapped = self._backend.execute(member.job, plan, _run_options(in_run, run_name, budget_j))
         finally:
-            self._tell_training_log("train")
-        if in_run is None:
-            return _outcome(state, [self._account_and_log(member, member.plan, wrapped, state, clock)])
-        learned = learn_profile(member.job, member.profile, member.plan, wrapped, self.tracking_uri, self.log)
-        outcome = self._account_and_log(member, ran_as(member.plan, wrapped, learned), wrapped, state, clock)
+            self._tell_training_log(run_name)
+        learned = None
+        if in_run is not None:
+            learned = learn_profile(member.job, member.profile, plan, wrapped, self.tracking_uri, self.log)
+            plan = ran_as(plan, wrapped, learned)
+        outcome = self._account_and_log(member, plan, wrapped, state, clock, follows=follows)
         outcome.profile = learned
-        return _outcome(state, [outcome])
+        return outcome
+
+    def _rerun_at_best(
+        self, member: GroupMember, stopped: JobOutcome, state: WaitState, clock: SessionClock
+    ) -> JobOutcome:
+        """Rerun the job now at the explorer's best known batch size, planned from its profile at that batch size;
+        its MLflow run notes the stopped attempt it follows, and the outcome carries both."""
+        from carbonflow.planning.optimizer import plan_job
+        from carbonflow.session.early_stop import RERUN_RUN_NAME, best_known_batch_size, rerun_job
+
+        profile = stopped.profile or _profile(member)
+        history = self.history([member.job.name])
+        best = best_known_batch_size(member.job, profile, history)
+        now = clock.now()
+        spec, at_best = rerun_job(member.job, profile, best, now)
+        plan = plan_job(spec, at_best, None, now, history, on_infeasible="fastest", early_stop=True)
+        plan.replay = state.forecast.replay if state.forecast is not None else False
+        plan.reason = (
+            f"rerun at the best known batch size {best} after an attempt stopped at its energy budget; {plan.reason}"
+        )
+        self.log.warning("%s: the run was stopped at its energy budget short of its target; rerunning now at batch "
+                         "size %d", member.job.name, best)  # fmt: skip
+        rerun = member.model_copy(update={"profile": profile})
+        outcome = self._train_solo(rerun, plan, state, clock, run_name=RERUN_RUN_NAME, follows=stopped)
+        outcome.stopped = stopped
+        return outcome
 
     def _tell_training_log(self, run_name: str) -> None:
         """Repeat the wrapper's first line (the command, its directory and interpreter) in the task log and say
@@ -412,8 +543,17 @@ class RunSession:
         return JobOutcome(plan=solo, result=result, tracking=self._log_run(member, solo, result, state, points))
 
     def _account_and_log(
-        self, member: GroupMember, plan: Plan, wrapped: Any, state: WaitState, clock: SessionClock, note: str = ""
+        self,
+        member: GroupMember,
+        plan: Plan,
+        wrapped: Any,
+        state: WaitState,
+        clock: SessionClock,
+        note: str = "",
+        follows: JobOutcome | None = None,
     ) -> JobOutcome:
+        from carbonflow.session.early_stop import stopped_short
+
         result, points = self._account(member.job, plan, wrapped, state, clock)
         if note:
             result.notes.append(note)
@@ -421,7 +561,32 @@ class RunSession:
         if more_work:
             self.log.warning("%s: %s", member.job.name, more_work)
             result.notes.append(more_work)
-        return JobOutcome(plan=plan, result=result, tracking=self._log_run(member, plan, result, state, points))
+        if stopped_short(member.job, wrapped):
+            budget_j = wrapped.stopped_at_energy_budget_j
+            tracking = self._log_stopped(member, plan, result, state, points, budget_j)
+            return JobOutcome(plan=plan, result=result, tracking=tracking, stopped_at_energy_budget_j=budget_j)
+        log_as = _following(member.job, follows, result) if follows is not None else {}
+        tracking = self._log_run(member, plan, result, state, points, **log_as)
+        return JobOutcome(plan=plan, result=result, tracking=tracking)
+
+    def _log_stopped(
+        self, member: GroupMember, plan: Plan, result: RunResult, state: WaitState, points: list, budget_j: float
+    ) -> dict:
+        """Log a run stopped at its energy budget short of its target as its own MLflow run: not reached, the epochs
+        it ran, its energy; under the task's key with a suffix, so that a retried task does not train it again."""
+        from carbonflow.session.early_stop import STOPPED_KEY_SUFFIX, epochs_run, stopped_note
+        from carbonflow.tracking import schema
+
+        epochs = epochs_run(member.job, result.samples, result.metrics)
+        if epochs is not None:
+            result.metrics["epochs"] = epochs
+        result.notes.append(stopped_note(member.job, plan, budget_j))
+        self.log.warning("%s: %s", member.job.name, result.notes[-1])
+        identity = dict(self.identity(member.job.name))
+        if identity.get("idempotency_key"):
+            identity["idempotency_key"] = f"{identity['idempotency_key']}{STOPPED_KEY_SUFFIX}"
+        return self._log_run(member, plan, result, state, points, identity=identity, reached_target=False,
+                             extra_tags={schema.T_STOPPED_AT_ENERGY_J: f"{budget_j:.6g}"}, model=False)  # fmt: skip
 
     def _account(
         self, spec: JobSpec, plan: Plan, wrapped: Any, state: WaitState, clock: SessionClock
@@ -451,24 +616,55 @@ class RunSession:
         points, _ = self.source.intensity_for_accounting(spec.region, state.first_now, end, state.forecast)
         return mean_intensity_gco2_per_kwh(points, state.first_now, end) if points else None
 
-    def _log_run(self, member: GroupMember, plan: Plan, result: RunResult, state: WaitState, points: list) -> dict:
+    def _log_run(
+        self,
+        member: GroupMember,
+        plan: Plan,
+        result: RunResult,
+        state: WaitState,
+        points: list,
+        *,
+        identity: dict[str, Any] | None = None,
+        model: bool = True,
+        **fields: Any,
+    ) -> dict:
+        """Log one training run; ``identity`` (else the task's) its idempotency key and provenance, ``model``
+        whether its saved model goes with it, ``fields`` further :func:`log_training_run` arguments."""
         from carbonflow.tracking.logger import log_training_run
 
         output_dir = result.artifacts.get("output_dir")
-        model_path = Path(output_dir) / "model.pt" if output_dir else None
+        model_path = Path(output_dir) / "model.pt" if output_dir and model else None
         trace = result.artifacts.get("power_trace_csv")
         outcome = log_training_run(
             member.job, plan, result, profile=member.profile, forecast=state.forecast, actual_points=points,
             power_trace_csv=Path(trace) if trace else None,
             model_path=model_path if model_path is not None and model_path.exists() else None,
             tracking_uri=self.tracking_uri, would_have=member.would_have, error=_crash(member.job.name, result),
-            **self.identity(member.job.name),
+            **(identity if identity is not None else self.identity(member.job.name)), **fields,
         )  # fmt: skip
         if outcome.spooled:
             self.log.warning("%s", outcome.message)
         else:
             self.log.info("MLflow run of %s: %s", member.job.name, outcome.run_id)
         return outcome.model_dump(mode="json")
+
+
+def _run_options(in_run: Any, run_name: str, budget_j: float | None) -> Any:
+    """The run's options: the in-run profile's (else the defaults), named ``run_name``, with the energy budget."""
+    from carbonflow.execution.backend import RunOptions
+
+    base = in_run.model_dump() if in_run is not None else {}
+    return RunOptions.model_validate({**base, "run_name": run_name, "stop_above_energy_j": budget_j})
+
+
+def _following(spec: JobSpec, stopped: JobOutcome, result: RunResult) -> dict[str, Any]:
+    """How a rerun is logged: a note naming the stopped attempt and its cost, and a tag with its MLflow run."""
+    from carbonflow.session.early_stop import follows_note
+    from carbonflow.tracking import schema
+
+    result.notes.append(follows_note(stopped, stopped.plan, spec))
+    where = stopped.tracking.get("run_id") or stopped.tracking.get("idempotency_key") or "held"
+    return {"extra_tags": {schema.T_FOLLOWS_STOPPED_RUN: str(where)}}
 
 
 def _crash(job: str, result: RunResult) -> str | None:
