@@ -110,11 +110,14 @@ def _weighing_every_size(explorer: Any, spec: JobSpec) -> Any:
     the profiled batch sizes alone: without this the profile would never hold more than the default. Once
     ``batch_size_explorer`` keeps the unprofiled candidates, this changes nothing. An untried arm has no cost and
     no epochs, so it changes none of the explorer's beliefs about the others."""
-    default_arm = explorer.arms[explorer.default_batch_size]
+    arms, epochs = getattr(explorer, "arms", None), getattr(explorer, "epochs_seen", None)
+    if not isinstance(arms, dict) or not isinstance(epochs, dict):  # other internals: asked as they are
+        return explorer
+    default_arm = arms[explorer.default_batch_size]
     for size in sorted(set(spec.batch_sizes or []) | {spec.batch_size}):
-        if size not in explorer.arms:
-            explorer.arms[size] = type(default_arm)()
-            explorer.epochs_seen[size] = []
+        if size not in arms:
+            arms[size] = type(default_arm)()
+            epochs[size] = []
     return explorer
 
 
