@@ -9,9 +9,10 @@ Runs, with the same seeds (``--jobs`` worker processes), for the 6 Zeus workload
 * ``zeus``        — full Zeus: ``PruningGTSBatchSizeOptimizer`` + ``JITPowerLimitOptimizer``, β = 2;
 * ``carbonflow_pl`` — carbonflow's power-limit choice (``carbonflow.planning.choose_power_limit``,
                     objective ``zeus:0.5``) with the batch size fixed at b0;
-* ``carbonflow``  — carbonflow with batch size: ``carbonflow.planning.batch_size.BatchSizeExplorer``
-                    (profile-ordered Thompson sampling with optimistic pruning and early stop) + the same
-                    power-limit choice;
+* ``carbonflow``  — carbonflow with batch size: ``carbonflow.planning.batch_size.BatchSizeExplorer`` (a
+                    Gaussian-process belief over epochs to target per batch size, the finite-horizon knowledge
+                    gradient, conservative early stops) + the same power-limit choice; the job's ``recurrences``
+                    is the run's number of recurrences, as a user who declares it gives it;
 * ``best_fixed``  — the fixed (batch size, power limit) with the lowest expected cost, known in hindsight.
 
 Both simulators follow the same rules (Zeus's ``Simulator`` semantics, re-implemented for carbonflow's
@@ -47,8 +48,9 @@ Steady state = the expected cost per recurrence (expectation over the trace's se
 failing paths) of the configurations a policy used in the last 25 % of recurrences — decision quality,
 free of path-sampling noise. Cumulative = the realised total over all recurrences (2·|B|·|P| as in the
 paper's ``run_single.py``), mean over seeds. The targets are read on the evaluation seeds (4–23,
-``EVALUATION_SEEDS``): the explorer was developed on seeds 1–3 (``DEVELOPMENT_SEEDS``, reported apart with
-``--development-seeds``). ``max_one_profile_cost_fraction``: the largest, over the pairs, of one profile of the
+``EVALUATION_SEEDS``): the explorer was developed on seeds 1–3 and 101–130 (``DEVELOPMENT_SEEDS``, reported
+apart with ``--development-seeds``; the knowledge-gradient explorer and its curve's hyperparameters were chosen on
+those alone). ``max_one_profile_cost_fraction``: the largest, over the pairs, of one profile of the
 default batch size ÷ the default's cumulative cost (what carbonflow may pay above the default where the
 default is already the best configuration).
 """
@@ -310,7 +312,7 @@ def simulate_carbonflow(w: Workload, n_rec: int, seed: int, with_bs: bool) -> Ou
             if explorer is not None:
                 # the arm's cost is its configuration's (as if run at the chosen limit throughout); the sweep's
                 # extra is an overhead charged against the budget
-                explorer.observe(bs, cost, reached, epochs if reached else None)
+                explorer.observe(bs, cost, reached, epochs)
                 explorer.charge(extra)
             out.cost += cost
             out.energy_j += energy
@@ -477,8 +479,9 @@ def recurrences(w: Workload, rec_scale: float = 1.0) -> int:
     return max(4, round(2 * len(w.batch_sizes) * len(w.power_limits) * rec_scale))
 
 
-DEVELOPMENT_SEEDS = [1, 2, 3]
-"""The seeds the explorer and this benchmark's carbonflow side were developed on (reported, never the targets)."""
+DEVELOPMENT_SEEDS = [1, 2, 3, *range(101, 131)]
+"""The seeds the explorer and this benchmark's carbonflow side were developed on (reported, never the targets):
+1–3 for the earlier explorers, 101–130 for the knowledge-gradient one and its curve's hyperparameters."""
 EVALUATION_SEEDS = list(range(4, 24))
 """The seeds the targets are judged on: the explorer was not developed on them."""
 POLICIES = ("default", "zeus_pl", "zeus", "carbonflow_pl", "carbonflow")

@@ -82,6 +82,7 @@ MAX_STEPS = 100_000_000
 MAX_SAMPLES_PER_EPOCH = 10_000_000_000
 MAX_BATCH_SIZE = 1_048_576
 MAX_CANDIDATES = 32
+MAX_RECURRENCES = 100_000
 """Most entries of a candidate list (batch_sizes, power_limits_w, trigger_limits.batch_sizes)."""
 MAX_POWER_LIMIT_W = 2000.0
 """Above any GPU's power limit; the validate task then checks the device's own range."""
@@ -227,6 +228,14 @@ class JobSpec(_InputModel):
         ge=-MAX_ABS_TARGET_VALUE,
         le=MAX_ABS_TARGET_VALUE,
         description="value of target_metric that counts as reached",
+    )
+    recurrences: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_RECURRENCES,
+        description="how many times the job runs in all, past runs included (with batch_sizes: the explorer weighs "
+        "what trying a batch size teaches, and what it may risk over the default, over the runs left; None: a "
+        "rolling 60 more)",
     )
     min_accuracy: float | None = Field(default=None, ge=0, le=1, description="bar to register the model")
     region: str = Field(

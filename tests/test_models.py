@@ -100,6 +100,9 @@ def test_a_value_out_of_range_names_the_whole_range() -> None:
     with pytest.raises(ValueError) as err:
         parse_job({"name": "m", "region": "GB", "steps": 1, "simulated_gpu": {"count": 99}})
     assert "simulated_gpu.count: 99 is out of range; allowed: ≥ 1, ≤ 16" in str(err.value)
+    with pytest.raises(ValueError) as err:
+        parse_job({"name": "m", "region": "GB", "steps": 1, "recurrences": 0})
+    assert "recurrences: 0 is out of range; allowed: ≥ 1, ≤ 100000" in str(err.value)
 
 
 # --- issue 21: every number finite and bounded, every text and list sized ------------------------------------------

@@ -1,32 +1,28 @@
 """The batch-size explorer of a job trained to a target metric, and its deadline logic, in one module.
 
-Batch-size exploration (Zeus's problem, NSDI'23 §4): epochs-to-target per batch size is random and unknown;
-cost per epoch per batch size is known from the profile (a short profiling window per batch size).
+Batch-size exploration (Zeus's problem, NSDI'23 §4): epochs to target per batch size are random and unknown; the
+cost of one epoch at each batch size is known from its profile (a short probe, then the first run's in-run sweep).
 :class:`BatchSizeExplorer`
 
 1. starts from the default batch size;
-2. predicts an untried batch size's cost to target as profile cost per epoch × epochs predicted from the
-   batch sizes seen so far (log-log interpolation, or extrapolation with the observed slope; a larger size
-   than any seen is assumed to need ``b ** prior_epoch_exponent`` more epochs until two sizes are known, a
-   smaller one no fewer) and tries the cheapest-predicted neighbour of a batch size known to converge — not
-   Zeus's fixed "down, then up, twice" order; an untried size is only profiled once it becomes such a
-   neighbour (:meth:`BatchSizeExplorer.unprofiled`);
-3. tries it only if its optimistic predicted cost (``optimism`` × the prediction from the fewest epochs each
-   seen size needed, so one unlucky run does not close a direction) is below the best mean seen and, when
-   the job's number of recurrences is known, only if that saving over the remaining recurrences covers the
-   worst loss of one exploratory run. When the cost per epoch of the job's default configuration is given,
-   a size the profile does not promise a saving on (predicted cost from the mean epochs not below the best
-   mean: only optimism makes it worth a try) is tried only while the saving banked over that default plus
-   the incumbent's saving over the remaining recurrences covers its worst loss, and known sizes costlier
-   than the incumbent are only drawn while that budget covers their extra cost — a conservative bandit: a
-   guess the profile does not back cannot take the job's cumulative cost above its default's;
-4. stops an exploratory run early once it has spent ``explore_beta`` × the best mean cost (at most that
-   budget when the profile promised nothing), a run of a known batch size at ``beta`` × it, as Zeus;
-5. confirms a promising single observation once (the observation shrunk halfway toward what the profile and
-   the other sizes predict, so one unlucky run does not drop a size the profile favours), then exploits by
-   Gaussian Thompson sampling whose spread never falls below the run-to-run variation seen on well-observed
-   sizes and, when the number of recurrences is known, shrinks as √(remaining / horizon) (information is
-   worth less as fewer recurrences remain).
+2. believes epochs to target per batch size through :class:`~carbonflow.planning.epochs_curve.EpochsCurve` (a
+   Gaussian process over log epochs against log batch size, fed by every run: those that reached the target and,
+   censored, those that stopped short), so one run at a batch size also tells of its neighbours;
+3. chooses each recurrence's batch size by the online knowledge gradient over the job's finite horizon (Ryzhov,
+   Powell & Frazier 2012): the batch size with the least ``expected cost − (recurrences left − 1) × the expected
+   saving that learning from its run buys every later recurrence``, the saving being the fall in the least
+   expected cost after one (or a few) more runs there. A batch size barely better on paper is not re-run once
+   what it could teach is worth less than what it costs, and nothing is explored near the horizon's end;
+4. is conservative when the cost per epoch of the job's default configuration is given: a batch size whose
+   expected extra cost over the incumbent is more than the saving banked over that default plus what the
+   incumbent saves over the remaining recurrences (:meth:`BatchSizeExplorer.budget`) is not run, and an
+   exploratory run the curve does not back (its pessimistic cost, one standard deviation up, is not below the
+   incumbent's) is stopped at that budget — so a guess cannot take the job's cumulative cost above its default's;
+5. stops an exploratory run early once it has spent ``explore_beta`` × the incumbent's expected cost, a run of a
+   known batch size at ``beta`` × it, as Zeus; the stopped run is a censored observation, and a batch size that
+   stopped ``max_failures`` times without ever reaching the target is dropped, with every size beyond it;
+6. asks for a profile only of the untried neighbours of a batch size known to converge
+   (:meth:`BatchSizeExplorer.unprofiled`), while its budget covers one.
 
 An arm's cost is a run's realised energy; a run that shared its GPU counts at what its configuration costs
 alone by the profile (its measured energy is a share of the pair's). Epochs to target per batch size are
@@ -48,10 +44,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.stats import norm
 
 from carbonflow.domain import Config, JobSpec, Profile, ProfilePoint
 from carbonflow.planning.candidate import Candidate
+from carbonflow.planning.epochs_curve import EpochsCurve
 from carbonflow.planning.learning import JobHistory, RealisedRun
+
+LOOKAHEAD_RUNS = (1, 2, 4, 8)
+"""The knowledge gradient weighs what 1, 2, 4 or 8 more runs at a batch size would teach, per run, and takes the
+most (KG*: one noisy run alone rarely changes the decision between near-equal batch sizes, a few may)."""
+QUADRATURE_NODES = 20
+"""Gauss-Hermite nodes over the outcome of those runs."""
+PROBE_REACH = 1
+"""An untried batch size is weighed (and probed) when it is at most this many places, in the sorted candidates,
+from one known to converge."""
+STOP_BISECTIONS = 40
+"""Bisection steps of :meth:`BatchSizeExplorer.explore_limit` (the limit to within 2⁻⁴⁰ of its range)."""
+ROLLING_HORIZON_RUNS = 60
+"""When the job's number of recurrences is not known (a nightly job runs on): what one more run teaches is weighed
+over this many later runs (two months of nights), whatever how many ran."""
 
 DEADLINE_EPOCH_MARGIN = 1.5
 """Latest start of a job trained to a target, with ``DEADLINE_MIN_RUNS`` runs seen at its batch size: for this ×
@@ -90,6 +102,8 @@ def point_power_w(point: ProfilePoint) -> float:
 class _Arm:
     costs: list[float] = field(default_factory=list)
     failures: int = 0
+    stopped_epochs: list[float] = field(default_factory=list)
+    """Epochs of the runs that did not reach the target (censored observations of the epochs needed)."""
 
     def mean(self) -> float:
         return float(np.mean(self.costs)) if self.costs else math.inf
@@ -103,32 +117,20 @@ class BatchSizeExplorer:
     (from the profile, in the units of the objective, e.g. Zeus's cost in J); the default batch size must be
     there, the others may be profiled lazily: :meth:`unprofiled` lists those the explorer would weigh next,
     the caller profiles them and hands the result to :meth:`add_profile`. The caller runs the chosen batch
-    size, stops it at :meth:`stop_threshold`, and reports the outcome with :meth:`observe`. Deterministic
-    given the ``numpy.random.Generator`` handed to :meth:`choose`.
+    size, stops it at :meth:`stop_threshold`, and reports the outcome with :meth:`observe`. Deterministic.
     """
 
     batch_sizes: Sequence[int]
     default_batch_size: int
     prior_cost_per_epoch: Mapping[int, float]
     beta: float = 2.0
-    explore_beta: float = 1.5
-    prior_cv: float = 0.15
-    optimism: float = 0.9
-    prior_epoch_exponent: float = 0.5
-    """Before two batch sizes converged: epochs to target of a larger batch size assumed ∝ batch_size ** this
-    (between perfect scaling, 0, and none, 1) and of a smaller one equal; replaced by the log-log slope
-    observed as soon as two batch sizes converged."""
     max_failures: int = 2
-    explore_budget: int | None = None
-    """At most this many exploratory runs (None: unbounded; pruning keeps it small)."""
     horizon: int | None = None
-    """Expected number of recurrences of the job (None: unknown, treated as unbounded)."""
+    """The job's number of recurrences in all (``JobSpec.recurrences``; None: unknown, weighed as a rolling
+    ``ROLLING_HORIZON_RUNS`` more)."""
     default_cost_per_epoch: float | None = None
     """Cost of one epoch of what the job runs without carbonflow (its default batch size at the GPU's maximum
-    power limit), from the profile. When given, exploration is conservative: a run that may lose money is only
-    made while the worst it can lose is covered by what was saved over that default so far plus what the
-    incumbent will save over the remaining recurrences (see :meth:`budget`) — unless the profile itself
-    promises a saving (see :meth:`explore_limit`)."""
+    power limit), from the profile. When given, exploration is conservative (see :meth:`budget`)."""
 
     def __post_init__(self) -> None:
         if self.default_batch_size not in self.batch_sizes:
@@ -137,10 +139,11 @@ class BatchSizeExplorer:
             )
         if self.default_batch_size not in self.prior_cost_per_epoch:
             raise ValueError(f"prior_cost_per_epoch has no entry for the default batch size {self.default_batch_size}")
+        if self.horizon is not None and self.horizon < 1:
+            raise ValueError(f"horizon={self.horizon} is not allowed; give the number of recurrences (>= 1) or None")
         self.prior_cost_per_epoch = dict(self.prior_cost_per_epoch)
         self.arms: dict[int, _Arm] = {b: _Arm() for b in sorted(self.batch_sizes)}
         self.epochs_seen: dict[int, list[float]] = {b: [] for b in self.batch_sizes}
-        self.explored = 0
         self.runs = 0
         self.completed = 0
         """Runs that reached the target (one per recurrence)."""
@@ -156,12 +159,14 @@ class BatchSizeExplorer:
         cost, b = min(tried)
         return b, cost
 
-    def _alive(self, b: int) -> bool:
-        return self.arms[b].failures < self.max_failures
+    def _dead(self, b: int) -> bool:
+        """Stopped ``max_failures`` times without ever reaching the target."""
+        return not self.arms[b].costs and self.arms[b].failures >= self.max_failures
 
-    def _failed(self, b: int) -> bool:
-        """Tried and never reached the target."""
-        return self.arms[b].failures > 0 and not self.arms[b].costs
+    def curve(self) -> EpochsCurve:
+        """The belief over epochs to target per batch size, from every run observed."""
+        stopped = {b: arm.stopped_epochs for b, arm in self.arms.items() if arm.stopped_epochs}
+        return EpochsCurve(self.default_batch_size, self.epochs_seen, stopped)
 
     def default_cost(self) -> float | None:
         """Expected cost to target of the default configuration (None: not known, or not given)."""
@@ -175,69 +180,54 @@ class BatchSizeExplorer:
 
         Saved so far over the default (runs completed × the default's expected cost − everything spent) plus
         what the incumbent saves over the default in each recurrence still to come (the current one included;
-        none when the horizon is unknown). Unbounded without ``default_cost_per_epoch`` or before the default
-        batch size reached the target (then the default's cost is not known).
+        ``ROLLING_HORIZON_RUNS`` when the horizon is unknown: then the cumulative cost stays below the default's
+        over that window, not over a job whose end is not known). Unbounded without ``default_cost_per_epoch``
+        or before the default batch size reached the target (then the default's cost is not known).
         """
         default = self.default_cost()
         if default is None:
             return math.inf
         _, best = self.best_mean()
-        remaining = 0 if self.horizon is None else max(0, self.horizon - self.completed)
+        remaining = ROLLING_HORIZON_RUNS if self.horizon is None else max(0, self.horizon - self.completed)
         return self.completed * default - self.spent + remaining * (default - best)
 
     def charge(self, cost: float) -> None:
         """Count a cost that trained nothing (e.g. a profiling pass) against the exploration budget."""
         self.spent += cost
 
-    def predicted_epochs(self, b: int, optimistic: bool = False, own: bool = True) -> float:
-        """Epochs to target predicted for batch size ``b`` from the ones observed (see the class doc).
-
-        Its own mean if ``b`` was seen (and ``own``); else from the other batch sizes, with ``optimistic`` from
-        the fewest epochs each needed (one unlucky run must not close a direction), else from their means.
-        """
+    def predicted_epochs(self, b: int, own: bool = True) -> float:
+        """Epochs to target expected at batch size ``b``: its own mean if it reached the target (and ``own``),
+        else what the curve of every run says (inf: beyond a batch size that never reached it)."""
         if self.epochs_seen[b] and own:
             return float(np.mean(self.epochs_seen[b]))
-        summary = min if optimistic else np.mean
-        seen = {x: float(summary(e)) for x, e in self.epochs_seen.items() if e and x != b}
-        if not seen:
+        if self._beyond_dead(b):
             return math.inf
-        lo, hi = min(seen), max(seen)
-        if any(self._failed(f) and hi < f <= b for f in self.arms):
-            return math.inf  # at or beyond a larger batch size that never converged: assume none larger does
-        if any(self._failed(f) and b <= f < lo for f in self.arms):
-            return math.inf  # the same downwards
-        xs = sorted(seen)
-        lx = [math.log(x) for x in xs]
-        ly = [math.log(seen[x]) for x in xs]
-        if xs[0] < b < xs[-1]:
-            return float(math.exp(np.interp(math.log(b), lx, ly)))
-        if len(xs) == 1:  # one point: larger batches assumed to need more epochs, smaller ones no fewer
-            slope = self.prior_epoch_exponent if b > xs[0] else 0.0
-        elif b < xs[0]:
-            slope = (ly[1] - ly[0]) / (lx[1] - lx[0])
-        else:
-            slope = (ly[-1] - ly[-2]) / (lx[-1] - lx[-2])
-        slope = min(max(slope, 0.0), 2.0)  # more samples per step never need fewer epochs (within reason)
-        if b < xs[0]:  # epochs do not fall with batch size: the fewest seen is an optimistic anchor (noise)
-            return float(min(seen.values()) * math.exp(slope * (math.log(b) - lx[0])))
-        return float(math.exp(ly[-1] + slope * (math.log(b) - lx[-1])))
+        return self.curve().expected_epochs(b)
 
-    def predicted_cost(self, b: int, optimistic: bool = False) -> float:
+    def predicted_cost(self, b: int) -> float:
         """Profile cost per epoch × predicted epochs to target (inf: not profiled)."""
         if b not in self.prior_cost_per_epoch:
             return math.inf
-        return self.prior_cost_per_epoch[b] * self.predicted_epochs(b, optimistic)
+        return self.prior_cost_per_epoch[b] * self.predicted_epochs(b)
+
+    def _beyond_dead(self, b: int) -> bool:
+        """At or beyond (away from every batch size that converged) one that was dropped."""
+        converged = [x for x, arm in self.arms.items() if arm.costs]
+        if not converged:
+            return self._dead(b)
+        lo, hi = min(converged), max(converged)
+        return any(self._dead(f) and (hi < f <= b or b <= f < lo) for f in self.arms)
 
     def _weighable(self) -> list[int]:
-        """Untried batch sizes next to one known to converge (all untried ones while none is known)."""
+        """Untried batch sizes within ``PROBE_REACH`` places of one known to converge (all while none is known)."""
         sizes = sorted(self.arms)
-        converged = {i for i, b in enumerate(sizes) if self.arms[b].costs}
+        converged = [i for i, b in enumerate(sizes) if self.arms[b].costs]
         return [
             b
             for i, b in enumerate(sizes)
             if not self.arms[b].costs
             and not self.arms[b].failures
-            and (not converged or {i - 1, i + 1} & converged)  # no long extrapolations
+            and (not converged or min(abs(i - j) for j in converged) <= PROBE_REACH)  # no long extrapolations
         ]
 
     def unprofiled(self, profile_cost: float = 0.0) -> list[int]:
@@ -262,100 +252,42 @@ class BatchSizeExplorer:
             raise ValueError(f"batch_size={batch_size} is not among {list(self.arms)}")
         self.prior_cost_per_epoch[batch_size] = cost_per_epoch
 
-    def untried_order(self) -> list[int]:
-        """Untried, still plausible batch sizes, most promising first (by predicted cost to target).
-
-        Only neighbours (in the sorted candidate list) of a batch size that reached the target, and only when
-        their predicted cost, times ``optimism``, is below the best mean cost seen.
-        """
-        _, best = self.best_mean()
-        scored = []
-        for b in self._weighable():
-            if b not in self.prior_cost_per_epoch:
-                continue  # not profiled (yet)
-            cost = self.predicted_cost(b, optimistic=True)
-            if cost * self.optimism >= best:
-                continue
-            worst_loss = self.explore_limit(b)
-            if worst_loss < best:
-                continue  # a run stopped before it spent the incumbent's cost could not show it is better
-            if self.horizon is not None and math.isfinite(best):
-                remaining = max(0, self.horizon - self.completed)
-                # Exploration never costs more than it saves: the optimistic saving over the remaining
-                # recurrences must cover the worst loss of one exploratory run.
-                if not exploration_pays_off(best - cost * self.optimism, worst_loss, remaining):
-                    continue
-            scored.append((cost, b))
-        return [b for _, b in sorted(scored)]
-
     # -- decisions ----------------------------------------------------------------------------------------
-    def choose(self, rng: np.random.Generator) -> int:
-        """The batch size for the next recurrence."""
-        if not self.arms[self.default_batch_size].costs and self._alive(self.default_batch_size):
+    def candidates(self) -> list[int]:
+        """The batch sizes tonight may run: profiled, not dropped, not beyond a dropped one."""
+        return [b for b in sorted(self.arms) if b in self.prior_cost_per_epoch and not self._beyond_dead(b)]
+
+    def choose(self, rng: np.random.Generator | None = None) -> int:
+        """The batch size for the next recurrence (deterministic; ``rng`` is accepted and unused)."""
+        if not self.arms[self.default_batch_size].costs and not self._dead(self.default_batch_size):
             return self.default_batch_size
-        budget_left = self.explore_budget is None or self.explored < self.explore_budget
-        untried = self.untried_order()
-        if untried and budget_left:
-            return untried[0]
-        _, best = self.best_mean()
-        candidates = [b for b, arm in self.arms.items() if arm.costs and self._alive(b)]
-        if not candidates:
+        sizes = self.candidates()
+        if not sizes:
             return self.default_batch_size
-        # Conservative: an arm whose expected extra cost over the incumbent is more than the budget is not run.
-        budget = self.budget()
-        candidates = [b for b in candidates if self.arms[b].mean() - best <= max(budget, 0.0)] or candidates
-        # Confirmation: an arm seen once and within 2 pooled CVs of the best is run once more before it
-        # enters Thompson sampling; an arm seen once and worse than that is dropped.
-        margin = 2 * self.pooled_cv()
-        confirm = [
-            (self.arms[b].mean(), b)
-            for b in candidates
-            if len(self.arms[b].costs) == 1 and self._one_run_estimate(b) <= best * (1 + margin)
-        ]
-        if confirm and budget_left and any(len(self.arms[b].costs) >= 2 for b in candidates):
-            return min(confirm)[1]
-        pool = [b for b in candidates if len(self.arms[b].costs) >= 2] or candidates
-        cv = self.pooled_cv()
-        # Finite horizon: what a draw can still teach is worth less as fewer recurrences remain.
-        decay = 1.0 if self.horizon is None else math.sqrt(max(0, self.horizon - self.runs) / self.horizon)
-        draws = []
-        for b in pool:
-            costs = self.arms[b].costs
-            mean = float(np.mean(costs))
-            sample_std = float(np.std(costs, ddof=1)) if len(costs) >= 2 else 0.0
-            floor = max(cv, self.prior_cv) if len(costs) < 3 else cv
-            std = max(sample_std, floor * mean) / math.sqrt(len(costs)) * decay
-            draws.append((float(rng.normal(mean, max(std, 1e-12))), b))
-        return min(draws)[1]
-
-    def _one_run_estimate(self, b: int) -> float:
-        """A batch size's cost seen once, shrunk halfway toward what the profile and the other sizes predict.
-
-        One unlucky run (epochs to target vary run to run) must not drop a batch size the profile favours.
-        """
-        seen = self.arms[b].mean()
-        predicted = self.prior_cost_per_epoch[b] * self.predicted_epochs(b, optimistic=True, own=False)
-        return min(seen, (seen + predicted) / 2) if math.isfinite(predicted) else seen
-
-    def pooled_cv(self) -> float:
-        """Coefficient of variation of the cost to target, pooled over arms seen at least 3 times.
-
-        Two similar observations of an arm must not make its posterior narrow: the run-to-run spread seen on
-        well-observed arms is a floor (``prior_cv`` until some arm has 3 observations).
-        """
-        cvs = [
-            float(np.std(arm.costs, ddof=1) / np.mean(arm.costs))
-            for arm in self.arms.values()
-            if len(arm.costs) >= 3 and np.mean(arm.costs) > 0
-        ]
-        return float(np.median(cvs)) if cvs else self.prior_cv
+        curve = self.curve()
+        mean, cov = curve.posterior(sizes)
+        per_epoch = np.array([self.prior_cost_per_epoch[b] for b in sizes])
+        expected = per_epoch * np.exp(mean + (np.diag(cov) + curve.noise_var) / 2)
+        least = float(expected.min())
+        later = ROLLING_HORIZON_RUNS if self.horizon is None else max(0, self.horizon - self.completed - 1)
+        budget = max(self.budget(), 0.0)
+        scored = []
+        for i, b in enumerate(sizes):
+            if expected[i] - least > budget:
+                continue  # conservative: its expected extra cost is more than exploration may lose
+            if not self.arms[b].costs and self.explore_limit(b) < least:
+                continue  # a run stopped before it spent the incumbent's cost could not show it is better
+            gain = knowledge_gradient(per_epoch, mean, cov, curve.noise_var, i) if later else 0.0
+            scored.append((expected[i] - later * gain, expected[i], b))
+        if not scored:
+            return sizes[int(np.argmin(expected))]
+        return min(scored)[2]
 
     def stop_threshold(self, batch_size: int | None = None) -> float:
         """Early-stop a run once its spent cost passes this (inf before any run reached the target).
 
-        ``beta`` × the best mean cost for a batch size already known to converge; ``explore_beta`` × it for
-        an exploratory run of an untried batch size: a run that has spent more than the best option costs
-        on average cannot show that its batch size is better, so it is abandoned early.
+        ``beta`` × the best mean cost for a batch size already known to converge (Zeus's rule); for an
+        exploratory run of an untried batch size, :meth:`explore_limit`.
         """
         _, best = self.best_mean()
         if batch_size is not None and not self.arms[batch_size].costs:
@@ -363,46 +295,122 @@ class BatchSizeExplorer:
         return self.beta * best
 
     def explore_limit(self, batch_size: int) -> float:
-        """Where an exploratory run of an untried batch size stops.
+        """Where an exploratory run of an untried batch size stops: once what it still needs would cost more than
+        a fresh run at the best batch size — the cost per epoch there × the epochs the curve expects it to need
+        beyond those it ran, given that it has not reached the target yet, passes the best mean cost.
 
-        ``explore_beta`` × the best mean cost when the profile promises a saving (predicted cost below the best
-        mean); otherwise, when only optimism makes it worth a try, also at most the :meth:`budget`.
+        At least the best mean (a run stopped before it spent that could not show it is better), at most ``beta``
+        × it; when its profile does not promise a saving (see :meth:`_promised`) and only the curve's
+        uncertainty makes it worth a try, at most the :meth:`budget` too.
         """
         _, best = self.best_mean()
-        limit = self.explore_beta * best
-        if self.predicted_cost(batch_size) < best:
-            return limit
-        return min(limit, max(self.budget(), 0.0))
+        if not math.isfinite(best) or batch_size not in self.prior_cost_per_epoch:
+            return best
+        ceiling = self.beta * best
+        if not self._promised(batch_size, best):
+            ceiling = min(ceiling, max(self.budget(), 0.0))
+        if ceiling <= best:
+            return ceiling
+        per_epoch = self.prior_cost_per_epoch[batch_size]
+        curve = self.curve()
+        mean, cov = curve.posterior([batch_size])
+        epochs = LogNormal(float(mean[0]), math.sqrt(max(cov[0, 0], 0.0) + curve.noise_var))
+
+        def still_pays(spent: float) -> bool:
+            return per_epoch * epochs.mean_residual(spent / per_epoch) <= best
+
+        if not still_pays(best):
+            return best
+        if still_pays(ceiling):
+            return ceiling
+        low, high = best, ceiling
+        for _ in range(STOP_BISECTIONS):
+            middle = (low + high) / 2
+            low, high = (middle, high) if still_pays(middle) else (low, middle)
+        return low
+
+    def _promised(self, batch_size: int, best: float) -> bool:
+        """The profile promises a saving at ``batch_size``: at the mean epochs of the nearest batch size that
+        reached the target (in log batch size; ties: the smaller), its cost per epoch beats ``best``."""
+        converged = [b for b, arm in self.arms.items() if arm.costs and self.epochs_seen[b]]
+        if batch_size not in self.prior_cost_per_epoch or not converged:
+            return False
+        nearest = min(converged, key=lambda b: (abs(math.log2(b / batch_size)), b))
+        return self.prior_cost_per_epoch[batch_size] * float(np.mean(self.epochs_seen[nearest])) < best
 
     def observe(self, batch_size: int, cost: float, reached: bool, epochs: float | None = None) -> None:
-        """Record a finished (or early-stopped) run."""
+        """Record a finished (or early-stopped) run; ``epochs``: the epochs it needed (reached) or ran (not)."""
         if batch_size not in self.arms:
             raise ValueError(f"batch_size={batch_size} is not among {list(self.arms)}")
+        if not math.isfinite(cost) or cost < 0:
+            raise ValueError(f"cost={cost} is not allowed; give the run's cost, a finite number >= 0")
         arm = self.arms[batch_size]
         self.runs += 1
         self.spent += cost
         self.completed += bool(reached)
-        if batch_size != self.default_batch_size and not arm.costs and arm.failures == 0:
-            self.explored += 1
         if reached:
             arm.costs.append(cost)
             if epochs is not None:
                 self.epochs_seen[batch_size].append(epochs)
         else:
             arm.failures += 1
+            if epochs is not None and epochs > 0:
+                arm.stopped_epochs.append(epochs)
 
 
-def exploration_pays_off(expected_gain_per_run: float, exploration_cost: float, remaining_runs: int) -> bool:
-    """Explore only when the expected saving over the remaining recurrences covers the exploration's cost."""
-    return expected_gain_per_run * remaining_runs > exploration_cost
+@dataclass(frozen=True)
+class LogNormal:
+    """Epochs to target of the next run: ln(epochs) ~ N(``mu``, ``sigma``²)."""
+
+    mu: float
+    sigma: float
+
+    def mean_residual(self, ran: float) -> float:
+        """Expected epochs still needed by a run that has run ``ran`` epochs without reaching the target."""
+        if ran <= 0:
+            return math.exp(self.mu + self.sigma**2 / 2)
+        if self.sigma <= 0:
+            return max(math.exp(self.mu) - ran, 0.0)
+        z = (math.log(ran) - self.mu) / self.sigma
+        beyond = norm.sf(z)
+        if beyond < 1e-12:
+            return math.inf  # far past anything the curve expects: it will not be reached soon
+        return math.exp(self.mu + self.sigma**2 / 2) * norm.sf(z - self.sigma) / beyond - ran
+
+
+_NODES, _NODE_WEIGHTS = np.polynomial.hermite_e.hermegauss(QUADRATURE_NODES)
+_NODE_WEIGHTS = _NODE_WEIGHTS / _NODE_WEIGHTS.sum()
+
+
+def knowledge_gradient(
+    cost_per_epoch: np.ndarray, mean: np.ndarray, cov: np.ndarray, noise_var: float, i: int
+) -> float:
+    """The expected fall of the least expected cost to target (cost per epoch × log-normal epochs) that runs at
+    arm ``i`` buy, per run, the most over ``LOOKAHEAD_RUNS`` (their mean ln epochs updates every arm's posterior
+    through the curve's covariance; the expectation is over that mean by Gauss-Hermite quadrature)."""
+    var = np.diag(cov)
+    least = float((cost_per_epoch * np.exp(mean + (var + noise_var) / 2)).min())
+    best = 0.0
+    for runs in LOOKAHEAD_RUNS:
+        spread = var[i] + noise_var / runs
+        if spread <= 0:
+            continue
+        outcomes = mean[i] + math.sqrt(spread) * _NODES
+        shift = cov[:, i] / spread
+        var_after = var - cov[:, i] ** 2 / spread
+        after = mean[None, :] + shift[None, :] * (outcomes[:, None] - mean[i]) + (var_after[None, :] + noise_var) / 2
+        least_after = (cost_per_epoch[None, :] * np.exp(after)).min(axis=1)
+        best = max(best, (least - float(_NODE_WEIGHTS @ least_after)) / runs)
+    return best
 
 
 def batch_size_explorer(spec: JobSpec, profile: Profile, history: JobHistory | None) -> BatchSizeExplorer | None:
     """The batch-size explorer of a job trained to a target, with its history replayed (None: not opted in).
 
-    Its prior is the profile's least energy per epoch at each candidate batch size; the history's runs
-    (realised energy in J as the cost, whether the target was reached, epochs) are observed in time order.
-    The caller may ask it for :meth:`~carbonflow.planning.learning.BatchSizeExplorer.stop_threshold` (J).
+    Every candidate batch size is an arm; its prior is the profile's least energy per epoch there, for the batch
+    sizes profiled (the others wait for a probe: :meth:`BatchSizeExplorer.unprofiled`). The history's runs
+    (realised energy in J as the cost, whether the target was reached, the epochs run) are observed in time
+    order. The caller may ask it for :meth:`BatchSizeExplorer.stop_threshold` (J).
     """
     if not spec.batch_sizes or spec.target_metric is None or history is None:
         return None
@@ -413,7 +421,6 @@ def batch_size_explorer(spec: JobSpec, profile: Profile, history: JobHistory | N
         bs = batch_size_of(p.config, spec)
         if bs in sizes:
             prior[bs] = min(prior.get(bs, float("inf")), _cost_per_epoch_j(p, spe))
-    sizes = [b for b in sizes if b in prior]
     if spec.batch_size not in prior:
         return None
     # What the job costs per epoch without carbonflow (its batch size at the highest power limit profiled):
@@ -421,10 +428,12 @@ def batch_size_explorer(spec: JobSpec, profile: Profile, history: JobHistory | N
     at_default = [p for p in profile.points if batch_size_of(p.config, spec) == spec.batch_size]
     top = max(at_default, key=lambda p: p.config.power_limit_w or math.inf)
     default_cost = _cost_per_epoch_j(top, spe)
-    explorer = BatchSizeExplorer(sizes, spec.batch_size, prior, default_cost_per_epoch=default_cost)
+    explorer = BatchSizeExplorer(
+        sizes, spec.batch_size, prior, horizon=spec.recurrences, default_cost_per_epoch=default_cost
+    )
     for r in history.for_job(spec.name):
-        if r.batch_size in prior:
-            explorer.observe(r.batch_size, _solo_cost_j(r, profile, spec, prior), bool(r.reached_target), r.epochs)  # type: ignore[arg-type]
+        if r.batch_size in explorer.arms:
+            explorer.observe(r.batch_size, _solo_cost_j(r, profile, spec, prior), bool(r.reached_target), r.epochs)
     return explorer
 
 
@@ -443,7 +452,9 @@ def _solo_cost_j(r: RealisedRun, profile: Profile, spec: JobSpec, prior: Mapping
             and not p.config.colocation_group
         ):
             return _cost_per_epoch_j(p, spe) * r.epochs
-    return prior[r.batch_size] * r.epochs  # type: ignore[index]
+    if r.batch_size not in prior:
+        return r.realised_energy_j  # never profiled alone: its measured share is all there is
+    return prior[r.batch_size] * r.epochs
 
 
 def _cost_per_epoch_j(point: ProfilePoint, samples_per_epoch: int) -> float:

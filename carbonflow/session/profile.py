@@ -95,30 +95,11 @@ def batch_size_probes(spec: JobSpec, profile: Profile, history: Any) -> list[Con
     explorer = planner_explorer(spec, profile, history)
     if explorer is None:
         return []
-    explorer = _weighing_every_size(explorer, spec)
     profile = decidable_profile(profile)
     point = _least_energy_default_point(spec, profile)
     limit_w = None if spec.device_kind == "cpu" else point.config.power_limit_w
     sizes = explorer.unprofiled(profile_cost=probe_cost_j(spec, profile))
     return [Config(containers=spec.min_containers, power_limit_w=limit_w, batch_size=b) for b in sizes]
-
-
-def _weighing_every_size(explorer: Any, spec: JobSpec) -> Any:
-    """``explorer`` with an arm, untried, for each of the job's candidate batch sizes it lacks.
-
-    ``unprofiled`` can only name batch sizes the explorer has arms for, and ``batch_size_explorer`` makes arms of
-    the profiled batch sizes alone: without this the profile would never hold more than the default. Once
-    ``batch_size_explorer`` keeps the unprofiled candidates, this changes nothing. An untried arm has no cost and
-    no epochs, so it changes none of the explorer's beliefs about the others."""
-    arms, epochs = getattr(explorer, "arms", None), getattr(explorer, "epochs_seen", None)
-    if not isinstance(arms, dict) or not isinstance(epochs, dict):  # other internals: asked as they are
-        return explorer
-    default_arm = arms[explorer.default_batch_size]
-    for size in sorted(set(spec.batch_sizes or []) | {spec.batch_size}):
-        if size not in arms:
-            arms[size] = type(default_arm)()
-            epochs[size] = []
-    return explorer
 
 
 def probe_cost_j(spec: JobSpec, profile: Profile) -> float:

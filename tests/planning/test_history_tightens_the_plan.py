@@ -83,3 +83,16 @@ def test_a_windows_posterior_is_the_one_the_start_search_ranks_by():
     raw = held_window_means(fc, NOW, found.start_s, 3 * 3600.0)
     np.testing.assert_allclose(raw, found.mean_gco2_per_kwh, rtol=1e-9)
     assert not np.allclose(post, raw)  # the history moved the ranking
+
+
+def test_the_explorer_has_every_candidate_batch_size_and_the_jobs_recurrences_as_its_horizon():
+    # Only batch 64 is profiled: 32 and 128 are arms without a prior, waiting for a probe (unprofiled); the job's
+    # declared recurrences are the horizon its knowledge gradient and its budget count over.
+    profile = make_profile(batch_sizes=(64,))
+    spec = make_spec(epochs=10, batch_size=64, batch_sizes=[32, 128], target_metric="accuracy", recurrences=90)
+    explorer = batch_size_explorer(spec, profile, JobHistory([_run(spec.name, 1, 64, 4.0, energy_j=9e6)]))
+    assert explorer is not None and sorted(explorer.arms) == [32, 64, 128] and explorer.horizon == 90
+    assert sorted(explorer.prior_cost_per_epoch) == [64] and explorer.candidates() == [64]
+    assert explorer.unprofiled() == [32, 128]
+    without = batch_size_explorer(spec.model_copy(update={"recurrences": None}), profile, JobHistory([]))
+    assert without is not None and without.horizon is None

@@ -165,7 +165,8 @@ def test_summary_targets_read_the_pairs_and_one_profile():
 
 def test_the_targets_are_never_judged_on_the_development_seeds():
     vz = _load()
-    assert vz.DEVELOPMENT_SEEDS == [1, 2, 3] and list(range(4, 24)) == vz.EVALUATION_SEEDS
+    assert [1, 2, 3, *range(101, 131)] == vz.DEVELOPMENT_SEEDS and list(range(4, 24)) == vz.EVALUATION_SEEDS
+    assert not set(vz.DEVELOPMENT_SEEDS) & set(vz.EVALUATION_SEEDS)
     with pytest.raises(SystemExit):
         vz.main(["--seeds", "3", "4", "--development-seeds", "1", "2", "3"])
 

@@ -159,7 +159,8 @@ def test_an_exploratory_run_stopped_at_its_budget_is_logged_as_not_reached_and_t
     assert stopped is not None and stopped.result is not None and rerun.result is not None
     # the exploratory attempt: swept its limits in-run, stopped once it spent the explorer's threshold
     budget_j = night_two["threshold_j"]
-    assert budget_j == pytest.approx(1.5 * night_two["best_before"][1])  # explore_beta × the best mean cost
+    best_j = night_two["best_before"][1]  # the explorer's limit: between the best mean cost and beta x it
+    assert best_j <= budget_j <= 2.0 * best_j
     assert stopped.stopped_at_energy_budget_j == pytest.approx(budget_j)
     assert any(n.startswith(IN_RUN_PROFILE) for n in stopped.result.notes)
     assert any(n.startswith(ENERGY_BUDGET_STOP) for n in stopped.result.notes)
