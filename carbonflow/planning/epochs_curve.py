@@ -36,7 +36,7 @@ SLOPE_MEAN = 0.3
 """Prior slope of ln(epochs) against ln(batch size): 0 below the critical batch size, 1 above it."""
 SLOPE_SD = 0.6
 """Prior spread of that slope."""
-CURVE_SD = 0.3
+CURVE_SD = 0.2
 """Spread of the smooth departure from the straight line (ln units)."""
 CURVE_DOUBLINGS = 2.5
 """How many doublings of the batch size that departure stays alike over (the squared-exponential length)."""
