@@ -28,13 +28,14 @@ made): epochs to target per batch size (``carbonflow.planning.batch_size.expecte
 last 40 runs), the deadline margin (the latest start is planned for the most epochs a run needed × a margin
 learned tighter as runs accumulate: 1.5 × up to 30 runs, 1.25 × at 60, 1.1 × from 150 on; the whole budget
 until 3 runs converged) and, where the job opts in (``batch_sizes`` = every size Zeus measured on the V100 for
-the workload), the batch size: ``carbonflow.planning.batch_size.batch_size_explorer`` (profile-ordered Thompson
-sampling) chooses it night by night from the realised runs, **exploration included** — an exploratory run is
-stopped at the explorer's threshold (1.5 × the best mean energy) and rerun at once at the best known batch size
-(the planner is told so, ``early_stop=True``, and keeps room before finish-by for both), and all of it is
-counted. Nothing is known in hindsight except in the ``hindsight_plan``, ``oracle`` and bound rows. The
-simulation's profiles are exact, so the history's prediction corrections are 1 (each record's prediction is for
-the epochs run).
+the workload), the batch size: ``carbonflow.planning.batch_size.batch_size_explorer`` (a Gaussian-process curve
+of epochs to target and the knowledge gradient over a rolling 60 nights, the product's default: the jobs declare
+no ``recurrences``) chooses it night by night from the realised runs, **exploration included** — an exploratory
+run is stopped at the explorer's threshold (where its expected remaining energy passes a fresh run at the best
+batch size) and rerun at once at the best known batch size (the planner is told so, ``early_stop=True``, and
+keeps room before finish-by for both), and all of it is counted. Nothing is known in hindsight except in the
+``hindsight_plan``, ``oracle`` and bound rows. The simulation's profiles are exact, so the history's prediction
+corrections are 1 (each record's prediction is for the epochs run).
 
 Policies compared (all decisions by ``carbonflow.planning``):
 ``baseline`` start now, b0, default (max) power limit, one job per GPU; ``power_limit`` the limit alone

@@ -40,7 +40,7 @@ at most the explorer's threshold, plus the time to rerun at the best known batch
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,6 +59,8 @@ QUADRATURE_NODES = 20
 PROBE_REACH = 1
 """An untried batch size is weighed (and probed) when it is at most this many places, in the sorted candidates,
 from one known to converge."""
+EXPLORE_CEILING = 2.0
+"""An exploratory run stops at the latest once it spent this × the best mean cost."""
 STOP_BISECTIONS = 40
 """Bisection steps of :meth:`BatchSizeExplorer.explore_limit` (the limit to within 2⁻⁴⁰ of its range)."""
 ROLLING_HORIZON_RUNS = 60
@@ -197,11 +199,12 @@ class BatchSizeExplorer:
 
     def predicted_epochs(self, b: int, own: bool = True) -> float:
         """Epochs to target expected at batch size ``b``: its own mean if it reached the target (and ``own``),
-        else what the curve of every run says (inf: beyond a batch size that never reached it)."""
+        else what the curve of every run says (inf: no run reached the target yet, or ``b`` is beyond a batch size
+        that never reached it)."""
         if self.epochs_seen[b] and own:
             return float(np.mean(self.epochs_seen[b]))
-        if self._beyond_dead(b):
-            return math.inf
+        if self._beyond_dead(b) or not any(self.epochs_seen.values()):
+            return math.inf  # nothing reached the target yet: the curve has no level to stand on
         return self.curve().expected_epochs(b)
 
     def predicted_cost(self, b: int) -> float:
@@ -254,14 +257,23 @@ class BatchSizeExplorer:
 
     # -- decisions ----------------------------------------------------------------------------------------
     def candidates(self) -> list[int]:
-        """The batch sizes tonight may run: profiled, not dropped, not beyond a dropped one."""
-        return [b for b in sorted(self.arms) if b in self.prior_cost_per_epoch and not self._beyond_dead(b)]
+        """The batch sizes tonight may run: profiled, not dropped, not beyond a dropped one, and either run
+        already or next to one known to converge (no long jumps: a batch size skipped over is left a guess)."""
+        near = set(self._weighable())
+        return [
+            b
+            for b, arm in sorted(self.arms.items())
+            if b in self.prior_cost_per_epoch and not self._beyond_dead(b) and (arm.costs or arm.failures or b in near)
+        ]
 
-    def choose(self, rng: np.random.Generator | None = None) -> int:
-        """The batch size for the next recurrence (deterministic; ``rng`` is accepted and unused)."""
+    def choose(self, rng: np.random.Generator | None = None, allowed: Collection[int] | None = None) -> int:
+        """The batch size for the next recurrence (deterministic; ``rng`` is accepted and unused).
+
+        ``allowed``: the batch sizes the caller can run tonight (e.g. those with a configuration inside the slowdown
+        bound and finish-by); the choice is among them (the default batch size when none is a candidate)."""
         if not self.arms[self.default_batch_size].costs and not self._dead(self.default_batch_size):
             return self.default_batch_size
-        sizes = self.candidates()
+        sizes = [b for b in self.candidates() if allowed is None or b in allowed]
         if not sizes:
             return self.default_batch_size
         curve = self.curve()
@@ -306,7 +318,7 @@ class BatchSizeExplorer:
         _, best = self.best_mean()
         if not math.isfinite(best) or batch_size not in self.prior_cost_per_epoch:
             return best
-        ceiling = self.beta * best
+        ceiling = EXPLORE_CEILING * best
         if not self._promised(batch_size, best):
             ceiling = min(ceiling, max(self.budget(), 0.0))
         if ceiling <= best:

@@ -388,7 +388,6 @@ def _candidates_tonight(
     if explorer is None:
         return _Tonight(candidates, ref_c, ref, margin_all, notes)
     assert history is not None
-    learned_bs = explorer.choose(np.random.default_rng([0, explorer.runs]))  # = choose_batch_size(seed=0)
     margins = margin_all if margin_all is not None else np.ones(len(candidates))
 
     def fits(bs: int) -> bool:
@@ -401,10 +400,13 @@ def _candidates_tonight(
         )
 
     runs = len(history.for_job(spec.name))
+    learned_bs = explorer.choose()
     if fits(learned_bs):
-        notes.append(f"batch size {learned_bs} learned across {runs} runs")
-    else:
-        fallback = explorer.best_mean()[0]
+        plural = "" if runs == 1 else "s"
+        notes.append(f"batch size {learned_bs} chosen by the explorer from the job's {runs} run{plural}")
+    else:  # the explorer's choice among those that fit, else the best known, else the job's own
+        fitting = [b for b in explorer.candidates() if fits(b)]
+        fallback = explorer.choose(allowed=fitting) if fitting else explorer.best_mean()[0]
         if not fits(fallback):
             fallback = batch_size_of(ref_c.config, spec)
         notes.append(f"batch size {learned_bs} does not fit the slowdown bound or finish_by tonight: {fallback}")

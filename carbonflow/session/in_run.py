@@ -52,29 +52,39 @@ def learn_profile(
 
 def ran_as(plan: Plan, wrapped: Any, learned: Profile | None = None) -> Plan:
     """The plan as the in-run profiled training ran it: at the limit its sweep chose (its run is logged and learned
-    from at that configuration), its predictions moved to that limit by the profile the sweep measured (``learned``:
-    energy per sample and speed at both limits), so that the run's saving is judged against the planned default
-    rather than against itself; unchanged when it ended mid-sweep."""
+    from at that configuration), its predictions moved to what the run did by the profile the sweep measured
+    (``learned``: energy per sample and speed at every limit): the sweep's windows at their limits, the rest of its
+    samples at the chosen one. Its saving is then judged against the planned default rather than against itself,
+    and not credited with the sweep's samples as if they ran at the chosen limit; unchanged when it ended
+    mid-sweep."""
     if wrapped.power_limit_w is None or wrapped.power_limit_w == plan.config.power_limit_w:
         return plan
     config = plan.config.model_copy(update={"power_limit_w": wrapped.power_limit_w})
     reason = (f"{plan.reason}; in-run profiling: planned at {plan.config.power_limit_w:g} W from a probe, swept the "
               f"limits inside the training and trained on at {wrapped.power_limit_w:g} W")  # fmt: skip
-    return plan.model_copy(update={"config": config, "reason": reason, **_moved_predictions(plan, config, learned)})
+    moved = _moved_predictions(plan, config, wrapped, learned)
+    return plan.model_copy(update={"config": config, "reason": reason, **moved})
 
 
-def _moved_predictions(plan: Plan, ran: Any, learned: Profile | None) -> dict[str, float]:
-    """The plan's predicted energy, emissions and duration scaled from its planned configuration to ``ran`` by the
-    sweep's own points (the same work at both limits); {} when the sweep measured either one not."""
+def _moved_predictions(plan: Plan, ran: Any, wrapped: Any, learned: Profile | None) -> dict[str, float]:
+    """The plan's predicted energy, emissions and duration scaled from its planned configuration to what the run
+    did, by the sweep's own points: each window's samples at its limit, the rest at ``ran``; {} when the sweep
+    measured the planned or the chosen configuration not."""
     points = {p.config.key(): p for p in (learned.points if learned is not None else [])}
-    planned, now = points.get(plan.config.key()), points.get(ran.key())
-    if planned is None or now is None or planned.energy_per_sample_j <= 0:
+    planned, chosen = points.get(plan.config.key()), points.get(ran.key())
+    if planned is None or chosen is None or planned.energy_per_sample_j <= 0 or planned.throughput_samples_per_s <= 0:
         return {}
-    energy = now.energy_per_sample_j / planned.energy_per_sample_j
+    at: list[tuple[float, Any]] = []  # (samples, profile point) of each part of the run
+    for window in getattr(wrapped, "windows", []):
+        point = points.get(ran.model_copy(update={"power_limit_w": window.power_limit_w}).key())
+        if point is not None and window.samples > 0:
+            at.append((float(window.samples), point))
+    total = float(max(getattr(wrapped, "samples", 0) or 0, sum(n for n, _ in at), 1))
+    at.append((total - sum(n for n, _ in at), chosen))
+    energy = sum(n * p.energy_per_sample_j for n, p in at) / (total * planned.energy_per_sample_j)
+    seconds = sum(n / p.throughput_samples_per_s for n, p in at if p.throughput_samples_per_s > 0)
     return {
         "predicted_energy_j": plan.predicted_energy_j * energy,
         "predicted_emissions_g": plan.predicted_emissions_g * energy,
-        "predicted_duration_s": plan.predicted_duration_s
-        * planned.throughput_samples_per_s
-        / now.throughput_samples_per_s,
+        "predicted_duration_s": plan.predicted_duration_s * seconds * planned.throughput_samples_per_s / total,
     }

@@ -561,6 +561,7 @@ class RunSession:
         if more_work:
             self.log.warning("%s: %s", member.job.name, more_work)
             result.notes.append(more_work)
+        _count_epochs(member.job, result)
         if stopped_short(member.job, wrapped):
             budget_j = wrapped.stopped_at_energy_budget_j
             tracking = self._log_stopped(member, plan, result, state, points, budget_j)
@@ -574,14 +575,15 @@ class RunSession:
     ) -> dict:
         """Log a run stopped at its energy budget short of its target as its own MLflow run: not reached, the epochs
         it ran, its energy; under the task's key with a suffix, so that a retried task does not train it again."""
-        from carbonflow.session.early_stop import STOPPED_KEY_SUFFIX, epochs_run, stopped_note
+        from carbonflow.session.early_stop import STOPPED_KEY_SUFFIX, stopped_note
         from carbonflow.tracking import schema
 
-        epochs = epochs_run(member.job, result.samples, result.metrics)
-        if epochs is not None:
-            result.metrics["epochs"] = epochs
         result.notes.append(stopped_note(member.job, plan, budget_j))
-        self.log.warning("%s: %s", member.job.name, result.notes[-1])
+        # it did not do the job's work: no saving against the same work at the default (a user trial saw a stopped
+        # attempt credited 38 % saved); its energy is in the night's, beside the rerun's
+        result.emissions_run_now_default_g = result.saving_g = result.saving_fraction = None
+        result.notes.append("no saving figure: the attempt was stopped short of its target")
+        self.log.warning("%s: %s", member.job.name, result.notes[-2])
         identity = dict(self.identity(member.job.name))
         if identity.get("idempotency_key"):
             identity["idempotency_key"] = f"{identity['idempotency_key']}{STOPPED_KEY_SUFFIX}"
@@ -773,6 +775,19 @@ def _pod_plans(state: WaitState) -> list[Plan]:
 
 def _outcome(state: WaitState, jobs: list[JobOutcome]) -> GroupOutcome:
     return GroupOutcome(state.label, jobs, finish_by={m.job.name: m.job.finish_by for m in state.members})
+
+
+def _count_epochs(spec: JobSpec, result: RunResult) -> None:
+    """A run of a job trained to a target is logged with the epochs it ran (metric ``epochs``): its own last
+    ``epochs`` report, else its samples over the job's samples per epoch. The next night's explorer reads them
+    (without it, a run that reached its target early would count the job's whole epoch budget)."""
+    from carbonflow.session.early_stop import epochs_run
+
+    if spec.target_metric is None or "epochs" in result.metrics or result.samples <= 0:
+        return
+    epochs = epochs_run(spec, result.samples, result.metrics)
+    if epochs is not None:
+        result.metrics["epochs"] = epochs
 
 
 def planning_history(jobs: list[str], tracking_uri: str | None, log: logging.Logger) -> Any:

@@ -83,3 +83,14 @@ def test_the_mean_residual_of_a_lognormal_run():
     assert epochs.mean_residual(5.0) == pytest.approx(10.05 - 5.0, rel=1e-3)  # surely not yet: all of it to come
     assert 0.0 < epochs.mean_residual(12.0) < 2.0  # past the mean, a little more
     assert LogNormal(math.log(10.0), 0.0).mean_residual(4.0) == pytest.approx(6.0)
+
+
+def test_before_any_run_reached_the_target_no_batch_size_has_a_predicted_number_of_epochs():
+    # A user trial: night 1 of a target-trained job was predicted for 7.6 epochs (the curve's uninformative level)
+    # instead of its epoch budget; nothing is known of epochs to target until a run reaches it.
+    explorer = BatchSizeExplorer([32, 64], 64, {32: 2.0, 64: 1.0}, horizon=10)
+    assert explorer.predicted_epochs(64) == math.inf and explorer.predicted_cost(32) == math.inf
+    explorer.observe(64, 30.0, False, 30.0)  # stopped: still no level
+    assert explorer.predicted_epochs(32) == math.inf
+    explorer.observe(64, 20.0, True, 20.0)
+    assert math.isfinite(explorer.predicted_epochs(32))

@@ -295,7 +295,7 @@ def test_batch_size_is_learned_across_recurrences_from_history():
     after_one = JobHistory([run(3, 64, 1_000_000.0, 10)])
     assert choose_batch_size(spec, profile, after_one) == 256
     plan = plan_job(spec, profile, make_forecast([200.0] * 96), NOW, after_one)
-    assert plan.config.batch_size == 256 and "learned across 1 runs" in plan.reason
+    assert plan.config.batch_size == 256 and "chosen by the explorer from the job's 1 run" in plan.reason
     # 256 turned out to need 4x the epochs: the explorer goes back to 64.
     after_two = JobHistory([run(3, 64, 1_000_000.0, 10), run(2, 256, 2_500_000.0, 40)])
     assert choose_batch_size(spec, profile, after_two) == 64

@@ -125,7 +125,7 @@ def test_summary_targets_read_the_pairs_and_one_profile():
             "seeds": [4],
             "b0": 64,
             "power_limits_w": [100, 200],
-            "best_fixed": {"config": [64, 100]},
+            "best_fixed": {"config": [64, 100], "cumulative_cost": 0.94},
             "carbonflow_cumulative_over_zeus": cf_zeus,
             "carbonflow_cumulative_over_default": cf_default,
             "one_profile_cost_fraction": frac,
@@ -146,6 +146,8 @@ def test_summary_targets_read_the_pairs_and_one_profile():
     good = vz.summarise_rows([row(0.95, 0.9, 0.01, 1.0), row(0.96, 1.004, 0.005, 1.01)])
     assert good["mean_carbonflow_cumulative_over_zeus"] == pytest.approx(0.955)
     assert good["max_one_profile_cost_fraction"] == pytest.approx(0.01)
+    assert good["mean_best_fixed_cumulative_over_zeus"] == pytest.approx(0.94)  # information: the hindsight optimum
+    assert good["mean_carbonflow_cumulative_over_best_fixed"] == pytest.approx(0.955 / 0.94)
     assert all(good["targets"].values()) and good["why_not_met"] == {}
     # 1.004 x the default is within 1 + the largest profile fraction, but not within its own pair's (0.003)
     bad = vz.summarise_rows([row(0.95, 0.9, 0.01, 1.0), row(1.02, 1.004, 0.003, 1.02)])

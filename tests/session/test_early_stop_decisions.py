@@ -76,11 +76,15 @@ def test_the_probes_are_the_defaults_neighbours_at_its_least_energy_limit() -> N
 
 
 def test_the_explorers_budget_caps_the_probes() -> None:
-    """What the default saved over its cost at 250 W pays for probes: here one (1.92 J each)."""
+    """What the default saved over its cost at 250 W pays for probes (1.92 J each): with no run left to save over
+    (``recurrences`` reached), only what was banked, here one; without ``recurrences`` the incumbent's saving over a
+    rolling 60 more runs counts too, here both."""
     saved_j = 3.0
     history = _history((8, 0.03 * PER_EPOCH * 4 - saved_j, True, 4.0))
-    assert [c.batch_size for c in batch_size_probes(SPEC, _profile(), history)] == [4]
-    assert batch_size_probes(SPEC, _profile(), _history((8, 0.03 * PER_EPOCH * 4 + 1, True, 4.0))) == []
+    last = SPEC.model_copy(update={"recurrences": 1})
+    assert [c.batch_size for c in batch_size_probes(last, _profile(), history)] == [4]
+    assert batch_size_probes(last, _profile(), _history((8, 0.03 * PER_EPOCH * 4 + 1, True, 4.0))) == []
+    assert [c.batch_size for c in batch_size_probes(SPEC, _profile(), history)] == [4, 16]
 
 
 def test_a_cpu_only_job_is_probed_without_a_power_limit() -> None:
@@ -129,8 +133,9 @@ class _Wrapper:
 
     name, supports_deferral, supports_shared, supports_energy_budget = "local", False, True, True
 
-    def __init__(self) -> None:
+    def __init__(self, report_epochs: bool = True) -> None:
         self.runs: list[tuple[Plan, Any]] = []
+        self.report_epochs = report_epochs
 
     def execute(self, spec: JobSpec, plan: Plan, options: Any = None, **fields: Any) -> WrappedRun:
         self.runs.append((plan, options))
@@ -138,6 +143,8 @@ class _Wrapper:
         stopped = plan.config.batch_size == 4
         energy_j = budget_j + 1.0 if stopped else 54.0
         metrics = {"val_acc": 0.2, "epochs": 3.0} if stopped else {"val_acc": 0.95, "epochs": 4.0}
+        if not self.report_epochs:
+            metrics.pop("epochs")
         now = utcnow()
         return WrappedRun(
             job=spec.name, config_key=plan.config.key(), started_at=now, ended_at=now + timedelta(seconds=30),
@@ -174,6 +181,7 @@ def test_launch_stops_an_exploratory_run_and_reruns_at_the_best_known_batch_size
     assert rerun.stopped is not None and rerun.stopped.stopped_at_energy_budget_j == first_options.stop_above_energy_j
     assert rerun.stopped.result is not None and rerun.result is not None
     assert rerun.stopped.result.metrics["epochs"] == 3.0
+    assert rerun.stopped.result.saving_fraction is None and rerun.stopped.result.emissions_run_now_default_g is None
     assert rerun.night_energy_total_j == pytest.approx(rerun.stopped.result.energy_total_j + 54.0)
     assert rerun.failure is None and outcome.failures == []
     assert rerun.stopped.tracking["run_id"] != rerun.tracking["run_id"]
@@ -183,3 +191,26 @@ def batch_size_of_plan(state: Any) -> int:
     from carbonflow.planning.batch_size import batch_size_of
 
     return batch_size_of(state.members[0].plan.config, SPEC)
+
+
+def test_a_run_that_reached_its_target_without_an_epochs_report_counts_the_epochs_it_ran(tmp_path: Path) -> None:
+    """A user trial: a script that reported ``epoch`` (not ``epochs``) had every run that reached the target counted
+    at the job's whole epoch budget, so the explorer learned nothing. Its samples over samples per epoch count."""
+    from carbonflow.session import RunSession, SessionClock
+    from carbonflow.session.source import CarbonSource
+    from carbonflow.tracking.history import realised_vs_predicted
+
+    wrapper = _Wrapper(report_epochs=False)
+    uri = f"sqlite:///{tmp_path}/m.db"
+    session = RunSession(source=CarbonSource(replay=True), workdir=tmp_path, tracking_uri=uri,
+                         backend_factory=lambda name, workdir, kubernetes: wrapper)  # fmt: skip
+    history = _history(DEFAULT_RAN)
+    session.history = lambda jobs: history  # type: ignore[method-assign]
+    profile = _profile(_point(8, 100, 0.02), _point(8, 250, 0.028))
+    clock = SessionClock.replaying(T0)
+    state = session.plan_alone(SPEC.model_copy(update={"batch_sizes": [8]}), profile, clock.now())
+    outcome = session.launch(state, clock)
+    [job] = outcome.jobs
+    assert job.result is not None and job.result.metrics["epochs"] == pytest.approx(3.0)  # 3 epochs of samples
+    [row] = realised_vs_predicted(SPEC.name, tracking_uri=uri)
+    assert row.epochs == pytest.approx(3.0) and SPEC.epochs != 3

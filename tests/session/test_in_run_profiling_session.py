@@ -74,9 +74,17 @@ def test_the_first_run_profiles_itself_keeps_its_work_and_logs_the_profile_the_n
     planned = state.members[0].plan
     assert ran_at < 250, "the simulated V100 job's sweep picks a lower limit than the default"
     points = {p.config.power_limit_w: p for p in job.profile.points}
-    assert job.plan.predicted_energy_j == pytest.approx(
-        planned.predicted_energy_j * points[ran_at].energy_per_sample_j / points[250].energy_per_sample_j
+    # the sweep's windows ran at their limits, the rest of the samples at the chosen one (a user trial: crediting
+    # the sweep's samples as if at the chosen limit overstated the saving)
+    windows = [(p.samples, p.energy_per_sample_j) for p in job.profile.points]  # one point per window
+    swept = sum(n for n, _ in windows)
+    per_sample = sum(n * e for n, e in windows) + (job.result.samples - swept) * points[ran_at].energy_per_sample_j
+    assert swept > 0 and job.plan.predicted_energy_j == pytest.approx(
+        planned.predicted_energy_j * per_sample / (job.result.samples * points[250].energy_per_sample_j)
     )
+    assert job.plan.predicted_energy_j > planned.predicted_energy_j * (
+        points[ran_at].energy_per_sample_j / points[250].energy_per_sample_j
+    )  # more than if every sample had run at the chosen limit
     assert job.plan.predicted_energy_j < planned.predicted_energy_j
     assert job.result.emissions_run_now_default_g is not None
     assert job.result.emissions_run_now_default_g > job.result.emissions_g
