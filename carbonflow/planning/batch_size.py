@@ -221,9 +221,10 @@ class BatchSizeExplorer:
         lo, hi = min(converged), max(converged)
         return any(self._dead(f) and (hi < f <= b or b <= f < lo) for f in self.arms)
 
-    def _weighable(self) -> list[int]:
-        """Untried batch sizes within ``PROBE_REACH`` places of one known to converge (all while none is known)."""
-        sizes = sorted(self.arms)
+    def _weighable(self, within: Collection[int] | None = None) -> list[int]:
+        """Untried batch sizes within ``PROBE_REACH`` places of one known to converge (all while none is known);
+        ``within``: places counted among these batch sizes (and those that converged) only."""
+        sizes = sorted(b for b, arm in self.arms.items() if within is None or b in within or arm.costs)
         converged = [i for i, b in enumerate(sizes) if self.arms[b].costs]
         return [
             b
@@ -256,14 +257,19 @@ class BatchSizeExplorer:
         self.prior_cost_per_epoch[batch_size] = cost_per_epoch
 
     # -- decisions ----------------------------------------------------------------------------------------
-    def candidates(self) -> list[int]:
+    def candidates(self, allowed: Collection[int] | None = None) -> list[int]:
         """The batch sizes tonight may run: profiled, not dropped, not beyond a dropped one, and either run
-        already or next to one known to converge (no long jumps: a batch size skipped over is left a guess)."""
-        near = set(self._weighable())
+        already or next to one known to converge (no long jumps: a batch size skipped over is left a guess).
+        ``allowed``: only these, "next to" counted among them (a neighbour that cannot run tonight is stepped
+        over, not a wall)."""
+        near = set(self._weighable(allowed))
         return [
             b
             for b, arm in sorted(self.arms.items())
-            if b in self.prior_cost_per_epoch and not self._beyond_dead(b) and (arm.costs or arm.failures or b in near)
+            if b in self.prior_cost_per_epoch
+            and (allowed is None or b in allowed)
+            and not self._beyond_dead(b)
+            and (arm.costs or arm.failures or b in near)
         ]
 
     def choose(self, rng: np.random.Generator | None = None, allowed: Collection[int] | None = None) -> int:
@@ -273,7 +279,7 @@ class BatchSizeExplorer:
         bound and finish-by); the choice is among them (the default batch size when none is a candidate)."""
         if not self.arms[self.default_batch_size].costs and not self._dead(self.default_batch_size):
             return self.default_batch_size
-        sizes = [b for b in self.candidates() if allowed is None or b in allowed]
+        sizes = self.candidates(allowed)
         if not sizes:
             return self.default_batch_size
         curve = self.curve()

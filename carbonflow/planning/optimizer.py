@@ -405,7 +405,7 @@ def _candidates_tonight(
         plural = "" if runs == 1 else "s"
         notes.append(f"batch size {learned_bs} chosen by the explorer from the job's {runs} run{plural}")
     else:  # the explorer's choice among those that fit, else the best known, else the job's own
-        fitting = [b for b in explorer.candidates() if fits(b)]
+        fitting = [b for b in explorer.arms if b in explorer.prior_cost_per_epoch and fits(b)]
         fallback = explorer.choose(allowed=fitting) if fitting else explorer.best_mean()[0]
         if not fits(fallback):
             fallback = batch_size_of(ref_c.config, spec)
