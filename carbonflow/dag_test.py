@@ -301,9 +301,13 @@ def print_runs(
     g_unit, per_g = emissions_unit_for([r["metrics"].get(s.M_EMISSIONS_G) or 0.0 for r in runs])
     labels = {r["tags"].get(s.T_ENERGY_LABELS, "") for r in runs}
     title = "training runs of this DAG run" + (" (replayed carbon data, March 2023)" if replayed else "")
+    batch_sizes = [_batch_size_cell(r["params"].get(s.P_BATCH_SIZE)) for r in runs]
+    chose_batch_sizes = any(b[0].isdigit() and not b.endswith("(default)") for b in batch_sizes)
     table = Table(title=title)
     table.add_column("job", overflow="fold")
     table.add_column("containers\n× limit")
+    if chose_batch_sizes:  # a job that learns its batch size: which one each run trained at
+        table.add_column("batch\nsize", justify="right")
     table.add_column("start (UTC)", no_wrap=True)
     for header in (f"energy ({e_unit})\npredicted", f"energy ({e_unit})\nmeasured", f"CO2e\n({g_unit})",
                    "saving\n(%)", "test\nacc."):  # fmt: skip
@@ -316,11 +320,12 @@ def print_runs(
 
     cells = zip(column(s.M_PREDICTED_ENERGY_TOTAL_J, per_j), column(s.M_ENERGY_TOTAL_J, per_j),
                 column(s.M_EMISSIONS_G, per_g), strict=True)  # fmt: skip
-    for run, (predicted, measured, emissions) in zip(runs, cells, strict=True):
+    for run, batch_size, (predicted, measured, emissions) in zip(runs, batch_sizes, cells, strict=True):
         m, p = run["metrics"], run["params"]
         table.add_row(
             run["job"], _configuration(p.get(s.P_CONTAINERS), p.get(s.P_POWER_LIMIT_W)),
-            short_time(p.get(s.P_PLANNED_START)), predicted, measured, emissions,
+            *([batch_size] if chose_batch_sizes else []), short_time(p.get(s.P_PLANNED_START)),
+            predicted, measured, emissions,
             format_percent(m.get(s.M_SAVING_FRACTION)),
             f"{m[s.M_TEST_ACCURACY]:.3f}" if s.M_TEST_ACCURACY in m else "–",
             *([run["tags"].get(s.T_ENERGY_LABELS, "")] if len(labels) > 1 else []),
@@ -369,6 +374,15 @@ def _run_warnings(note: str) -> list[str]:
     from carbonflow.session.run import MORE_WORK
 
     return [line for line in note.splitlines() if line.startswith(MORE_WORK)]
+
+
+def _batch_size_cell(logged: str | None) -> str:
+    """The batch size a run logged: ``128``; the job's own, ``default (64)``, as ``64 (default)``; none, ``–``."""
+    if not logged:
+        return "–"
+    if logged.startswith("default (") and logged.endswith(")"):
+        return f"{logged[len('default (') : -1]} (default)"
+    return logged
 
 
 def _configuration(containers: str | None, limit_w: str | None) -> str:

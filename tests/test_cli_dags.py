@@ -107,6 +107,20 @@ def test_the_runs_table_has_units_in_headers_the_saving_the_reason_and_observe_o
     assert "shadow: observe-only" in text
 
 
+def test_the_runs_table_shows_the_batch_size_a_learning_job_trained_at() -> None:
+    """From a user trial: a job exploring batch sizes had its runs' table say nothing of which one each ran."""
+    learning, plain = _run("explores", observe_only=False, saving_fraction=0.1, saving_g=0.01), _run(
+        "plain", observe_only=False, saving_fraction=0.1, saving_g=0.01)  # fmt: skip
+    learning["params"][s.P_BATCH_SIZE], plain["params"][s.P_BATCH_SIZE] = "128", "default (64)"
+    console = Console(record=True, width=120)
+    print_runs(console, [learning, plain], replayed=True)
+    text = console.export_text()
+    assert "batch" in text and "128" in text and "64 (default)" in text
+    console = Console(record=True, width=120)
+    print_runs(console, [plain], replayed=True)  # nothing chosen: no column to read
+    assert "batch" not in console.export_text()
+
+
 def _clean_env(home: Path) -> dict[str, str]:
     """The user's shell: none of the test session's Airflow or carbonflow settings; output piped."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "CARBONFLOW", "MLFLOW", "COLUMNS"))}
