@@ -823,6 +823,115 @@ def run_all(
     return rows
 
 
+def _seed_ranges(seeds: list[int]) -> str:
+    """``[1, 2, 3, 101, …, 130]`` → ``1–3 and 101–130``."""
+    runs: list[list[int]] = []
+    for s in sorted(seeds):
+        if runs and s == runs[-1][-1] + 1:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    parts = [f"{r[0]}–{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "**not met**"
+
+
+def _worst(rows: list[dict], key: str) -> str:
+    r = max(rows, key=lambda row: row[key])
+    return f"{r['gpu']} {r['workload']}"
+
+
+def docs_text(result: dict, information: dict | None) -> dict[str, str]:
+    """The figures the docs quote, as the docs quote them, from a ``vs_zeus.json`` (``result``) and its
+    ``--profiling zeus`` companion (``information``): ``{"how-carbonflow-decides": bullet, "readme": bullet}``.
+    ``python benchmarks/vs_zeus.py --print-docs`` prints them; a test holds the docs to them."""
+    s, rows, t = result["summary"], result["rows"], result["summary"]["targets"]
+    dev = result.get("development", {})
+    best = s["mean_best_fixed_cumulative_over_zeus"]
+    probes = float(np.mean([r["carbonflow_profiling_passes_over_zeus"] for r in rows]))
+    sweeps = float(np.mean([r["carbonflow_in_run_sweeps_over_zeus"] for r in rows]))
+    steady_note = ""
+    if not t["steady_le_1.01_best_every_pair"]:
+        steady_note = f": {s['why_not_met']['steady_le_1.01_best_every_pair']}"
+    decides = (
+        f"- **Against Zeus on its own traces** (`benchmarks/vs_zeus.py`, simulated: zeus {result['zeus_version']}'s "
+        f"simulator side by side, 6 workloads × V100/A40/RTX6000/P100, η = {result['eta']}; `vs_zeus.json`). Both "
+        "sides are charged by one rule, the product's, with in-run profiling: the first training run at a batch "
+        "size (the default's included) sweeps the power limits inside itself, one profile window per limit "
+        f"({PROFILE_STEPS} steps, at most 1/|P| of an epoch), keeps that work and trains on at the limit the sweep "
+        "chose (carbonflow: `RunSession` with `EnergyProfileOperator(probe=True)`, local backend); Zeus's simulator "
+        "is subclassed so that only its bill follows that window. carbonflow also pays, as separate passes whose "
+        "work is thrown away, a single-limit probe of the default batch size (the first night is planned from it) "
+        "and one of each batch size its explorer weighs next. The explorer (a Gaussian-process curve of epochs to "
+        "target and the knowledge gradient over the job's `recurrences`, [Energy: batch "
+        "sizes](energy.md#batch-sizes-probes-and-early-stops)) and its hyperparameters were chosen on seeds "
+        f"{_seed_ranges(result['development_seeds'])} (`development_seeds`, reported apart); the targets are read "
+        f"on seeds {_seed_ranges(result['evaluation_seeds'])}. carbonflow costs "
+        f"{s['mean_carbonflow_cumulative_over_zeus']:.4f} × Zeus's cumulative cost on average (target ≤ 0.96, "
+        f"{_met(t['mean_cumulative_le_0.96_zeus'])}), at most {s['max_carbonflow_cumulative_over_zeus']:.4f} × on "
+        f"a pair ({_worst(rows, 'carbonflow_cumulative_over_zeus')}; target ≤ 1.01, "
+        f"{_met(t['cumulative_le_1.01_zeus_every_pair'])}), at most "
+        f"{s['max_carbonflow_cumulative_over_default']:.6f} × the default's cost "
+        f"({_worst(rows, 'carbonflow_cumulative_over_default')}; target ≤ 1 + one profile's share, "
+        f"{1 + s['max_one_profile_cost_fraction']:.6f}: {_met(t['cumulative_le_default_plus_one_profile'])}), and "
+        f"its steady state is at most {s['max_carbonflow_steady_over_best']:.4f} × the best fixed configuration "
+        f"({_worst(rows, 'carbonflow_steady_over_best')}; target ≤ 1.01, "
+        f"{_met(t['steady_le_1.01_best_every_pair'])}{steady_note}). The best fixed configuration known in "
+        f"hindsight, which no policy can know, costs {best:.4f} × Zeus on average: the mean's target leaves "
+        f"carbonflow {0.96 / best - 1:.4f} above it for its first run at the default and all its exploring, and "
+        f"it spends {s['mean_carbonflow_cumulative_over_best_fixed'] - 1:.4f}. Profiling is not the gap: probes "
+        f"cost {probes:.4f} and in-run sweeps' extra {sweeps:.4f} × Zeus's cost on average (`summary.why_not_met`). "
+        f"Seed by seed the worst is {s['per_seed_max']['carbonflow_cumulative_over_zeus']:.4f} × Zeus and "
+        f"{s['per_seed_max']['carbonflow_steady_over_best']:.4f} × the best configuration (`summary.per_seed_max`)."
+    )
+    if dev:
+        d = dev["summary"]
+        decides += (
+            f" On the development seeds: {d['mean_carbonflow_cumulative_over_zeus']:.4f} × Zeus on average, steady "
+            f"state at most {d['max_carbonflow_steady_over_best']:.4f} × the best."
+        )
+    if information:
+        i = information["summary"]
+        decides += (
+            " Information only (`vs_zeus_zeus_profiling.json`, `--profiling zeus`): with Zeus's simulator's window, "
+            f"1/|P| of an epoch per limit on both sides, {i['mean_carbonflow_cumulative_over_zeus']:.4f} × Zeus on "
+            f"average, at most {i['max_carbonflow_cumulative_over_zeus']:.4f} × on a pair, "
+            f"{i['max_carbonflow_cumulative_over_default']:.4f} × the default at most (1 + one profile's share: "
+            f"{1 + i['max_one_profile_cost_fraction']:.4f}), steady state at most "
+            f"{i['max_carbonflow_steady_over_best']:.4f} × the best."
+        )
+    under_default = (
+        "never above the default plus one profile"
+        if t["cumulative_le_default_plus_one_profile"]
+        else f"at most {s['max_carbonflow_cumulative_over_default']:.4f} × the default"
+    )
+    readme = (
+        f"- Against Zeus on its own traces (**simulated**, seeds {_seed_ranges(result['evaluation_seeds'])}, not the "
+        f"development seeds): mean {s['mean_carbonflow_cumulative_over_zeus']:.4f} × Zeus (target ≤ 0.96, "
+        f"{_met(t['mean_cumulative_le_0.96_zeus'])}; the best fixed configuration known in hindsight is "
+        f"{best:.4f} × Zeus), worst pair {s['max_carbonflow_cumulative_over_zeus']:.4f} ×, steady state at most "
+        f"{s['max_carbonflow_steady_over_best']:.4f} × the best configuration, {under_default} "
+        "(`benchmarks/vs_zeus.py`)."
+    )
+    return {"how-carbonflow-decides": decides, "readme": readme}
+
+
+def print_docs() -> None:
+    """``--print-docs``: the docs' bullets from the results in ``benchmarks/results``, wrapped as the docs are."""
+    import textwrap
+
+    information_path = RESULTS / "vs_zeus_zeus_profiling.json"
+    information = json.loads(information_path.read_text()) if information_path.exists() else None
+    texts = docs_text(json.loads((RESULTS / "vs_zeus.json").read_text()), information)
+    for name, text in texts.items():
+        print(f"# {name}")
+        print(textwrap.fill(text, width=118, subsequent_indent="  ", break_on_hyphens=False))
+        print()
+
+
 def main(argv: list[str] | None = None) -> int:
     global DATA, PROFILING_RULE
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -857,7 +966,13 @@ def main(argv: list[str] | None = None) -> int:
         "the JSON says which seeds that was",
     )
     parser.add_argument("--profiling", choices=RULES, default="product", help="see PROFILING_RULE")
+    parser.add_argument(
+        "--print-docs", action="store_true", help="print the docs' figures from the results written; run nothing"
+    )
     args = parser.parse_args(argv)
+    if args.print_docs:
+        print_docs()
+        return 0
     PROFILING_RULE = args.profiling
     DATA = args.data
     seeds = [EVALUATION_SEEDS[0]] if args.quick else args.seeds

@@ -266,3 +266,65 @@ def test_zeus_is_billed_its_sweep_by_the_product_window_and_decides_as_itself(mo
     calls.clear()
     vz.simulate_zeus(w, None, None, 2, seed=1, full=True)
     assert calls == [True, False]
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_docs_quote_the_results_committed():
+    """Every vs_zeus figure in README.md and docs/how-carbonflow-decides.md is the one ``--print-docs`` writes from
+    the committed JSON: a rerun that changes a figure fails here until the docs are updated from it."""
+    vz = _load()
+    import json
+
+    result = json.loads((ROOT / "benchmarks/results/vs_zeus.json").read_text())
+    information = json.loads((ROOT / "benchmarks/results/vs_zeus_zeus_profiling.json").read_text())
+    texts = vz.docs_text(result, information)
+    assert _words(texts["how-carbonflow-decides"]) in _words((ROOT / "docs/how-carbonflow-decides.md").read_text())
+    assert _words(texts["readme"]) in _words((ROOT / "README.md").read_text())
+
+
+def test_the_docs_text_says_not_met_and_why_when_a_target_fails():
+    vz = _load()
+    rows = [
+        {
+            "gpu": "V100",
+            "workload": "w",
+            "carbonflow_cumulative_over_zeus": 0.99,
+            "carbonflow_cumulative_over_default": 0.9,
+            "carbonflow_steady_over_best": 1.05,
+            "carbonflow_profiling_passes_over_zeus": 0.001,
+            "carbonflow_in_run_sweeps_over_zeus": 0.0,
+        }
+    ]
+    summary = {
+        "mean_carbonflow_cumulative_over_zeus": 0.99,
+        "max_carbonflow_cumulative_over_zeus": 0.99,
+        "max_carbonflow_cumulative_over_default": 0.9,
+        "max_one_profile_cost_fraction": 0.001,
+        "max_carbonflow_steady_over_best": 1.05,
+        "mean_best_fixed_cumulative_over_zeus": 0.95,
+        "mean_carbonflow_cumulative_over_best_fixed": 1.04,
+        "per_seed_max": {"carbonflow_cumulative_over_zeus": 1.1, "carbonflow_steady_over_best": 1.2},
+        "targets": {
+            "mean_cumulative_le_0.96_zeus": False,
+            "cumulative_le_1.01_zeus_every_pair": True,
+            "cumulative_le_default_plus_one_profile": True,
+            "steady_le_1.01_best_every_pair": False,
+        },
+        "why_not_met": {"steady_le_1.01_best_every_pair": "V100 w: ends elsewhere"},
+    }
+    result = {
+        "zeus_version": "0.16.0",
+        "eta": 0.5,
+        "development_seeds": [1, 2, 3, 101, 102],
+        "evaluation_seeds": list(range(4, 24)),
+        "summary": summary,
+        "rows": rows,
+    }
+    text = vz.docs_text(result, None)["how-carbonflow-decides"]
+    assert "0.9900 × Zeus's cumulative cost on average (target ≤ 0.96, **not met**)" in text
+    assert "target ≤ 1.01, **not met**: V100 w: ends elsewhere" in text
+    assert "seeds 1–3 and 101–102" in text and "seeds 4–23" in text
+    assert "Information only" not in text
