@@ -539,15 +539,16 @@ def seed_outcomes(task: tuple) -> tuple[tuple, dict[str, Outcome]]:
 
 @functools.cache
 def code_version() -> str:
-    """A hash of the code carbonflow's side runs (this file, the explorer, the power-limit choice, the cost):
-    a cached carbonflow outcome is reused only under the same code."""
+    """A hash of the code carbonflow's side runs (this file, the explorer and its curve, the power-limit choice,
+    the cost): a cached carbonflow outcome is reused only under the same code."""
     import hashlib
     import inspect
 
     import carbonflow.planning.costs as costs_module
+    import carbonflow.planning.epochs_curve as curve_module
 
     files = [Path(__file__), Path(inspect.getfile(BatchSizeExplorer)), Path(inspect.getfile(choose_power_limit))]
-    files.append(Path(inspect.getfile(costs_module)))
+    files += [Path(inspect.getfile(costs_module)), Path(inspect.getfile(curve_module))]
     return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16]
 
 

@@ -328,3 +328,15 @@ def test_the_docs_text_says_not_met_and_why_when_a_target_fails():
     assert "target ≤ 1.01, **not met**: V100 w: ends elsewhere" in text
     assert "seeds 1–3 and 101–102" in text and "seeds 4–23" in text
     assert "Information only" not in text
+
+
+def test_a_cached_carbonflow_outcome_is_stale_once_the_epochs_curve_changes(monkeypatch, tmp_path):
+    """Finding: the cache's code hash left out the explorer's curve, so a changed hyperparameter reused outcomes."""
+    import carbonflow.planning.epochs_curve as curve_module
+
+    vz = _load()
+    before = vz.code_version.__wrapped__()  # uncached: the run caches it once
+    changed = tmp_path / "epochs_curve.py"
+    changed.write_text(Path(curve_module.__file__).read_text() + "\nCURVE_SD = 0.3\n")
+    monkeypatch.setattr(curve_module, "__file__", str(changed))
+    assert vz.code_version.__wrapped__() != before
