@@ -302,7 +302,7 @@ def print_runs(
     labels = {r["tags"].get(s.T_ENERGY_LABELS, "") for r in runs}
     title = "training runs of this DAG run" + (" (replayed carbon data, March 2023)" if replayed else "")
     batch_sizes = [_batch_size_cell(r["params"].get(s.P_BATCH_SIZE)) for r in runs]
-    chose_batch_sizes = any(b[0].isdigit() and not b.endswith("(default)") for b in batch_sizes)
+    chose_batch_sizes = any(r["params"].get(s.P_BATCH_SIZE, "").isdigit() for r in runs)  # not the job's own
     table = Table(title=title)
     table.add_column("job", overflow="fold")
     table.add_column("containers\n× limit")

@@ -261,21 +261,25 @@ class FakeGpuNode:
         return ContainerOutcome(live=container, pending_reads=0)
 
 
+GRACE_TIME_SCALE = 0.05
+"""Real seconds per simulated second of a pod's grace period in :func:`fake_cluster`."""
+
+
 @contextlib.contextmanager
 def fake_cluster(
-    workdir: Path, gpus: int = 2, gpus_for: Callable[[str], list[int]] | None = None, time_scale: float = 0.05
+    workdir: Path, gpus: int = 2, gpus_for: Callable[[str], list[int]] | None = None
 ) -> Iterator[tuple[FakeGpuNode, Any, Any, Any]]:
     """The fake node (``gpus`` GPUs at 300 W, the device plugin's choice ``gpus_for``), its zeusd and power agent,
     the fake API with restore pods on, and a real KubernetesBackend polling it quickly: (node, zeusd, api, backend).
-    ``time_scale``: real seconds per simulated one for grace periods; 0.05 gives the default 60 s grace period 3 s
-    of real time, what a real wrapper's restore (a process, HTTP to zeusd) takes on a loaded 2-core machine
-    (at 0.01, 0.6 s, it was SIGKILLed in its grace period under a parallel test run)."""
+    Grace periods pass at ``GRACE_TIME_SCALE`` real seconds per simulated one: the default 60 s lasts 3 s, what a
+    real wrapper's restore (a process, HTTP to zeusd) takes on a loaded 2-core machine (at 0.01, 0.6 s, it was
+    SIGKILLed in its grace period under a parallel test run)."""
     from fake_kube_api import FakeKubeApi
 
     from carbonflow.execution.kubernetes import KubernetesBackend
 
     with FakeGpuNode(gpus=gpus, gpus_for=gpus_for) as gpu_node, gpu_node.zeusd() as zeusd, \
-            FakeKubeApi(gpu_node.training, time_scale=time_scale) as api:  # fmt: skip
+            FakeKubeApi(gpu_node.training, time_scale=GRACE_TIME_SCALE) as api:  # fmt: skip
         api.restore_behaviour = gpu_node.restore
         backend = KubernetesBackend(KubernetesSettings(namespace="ml"),
                                     config_file=str(api.write_kubeconfig(workdir / "kubeconfig.json")),
