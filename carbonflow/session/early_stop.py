@@ -48,7 +48,9 @@ def planner_explorer(spec: JobSpec, profile: Profile, history: Any) -> Any:
 def energy_budget_j(spec: JobSpec, profile: Profile | None, plan: Plan, history: Any) -> float | None:
     """The energy (J) the run of ``plan`` may spend before it is stopped: the explorer's
     ``stop_threshold`` of the plan's batch size; None when the job does not stop early, has no history or profile,
-    or the threshold is infinite (no batch size reached the target yet) or not positive."""
+    the threshold is infinite (no batch size reached the target yet) or not positive, or tonight's profile has no
+    point at the best known batch size (a profile measured afresh, e.g. for new code, at the default only): the
+    rerun could not be planned there, so a stop would only waste the run."""
     from carbonflow.planning.batch_size import batch_size_of
 
     if not stops_early(spec) or profile is None or history is None:
@@ -56,6 +58,8 @@ def energy_budget_j(spec: JobSpec, profile: Profile | None, plan: Plan, history:
     explorer = planner_explorer(spec, profile, history)
     batch_size = batch_size_of(plan.config, spec)
     if explorer is None or batch_size not in explorer.arms:
+        return None
+    if not _has_points(spec, profile, int(explorer.best_mean()[0])):
         return None
     threshold_j = float(explorer.stop_threshold(batch_size))
     return threshold_j if math.isfinite(threshold_j) and threshold_j > 0 else None
@@ -89,10 +93,19 @@ def epochs_run(spec: JobSpec, samples: int, metrics: Mapping[str, float]) -> flo
     return samples / per_epoch if per_epoch else None
 
 
-def best_known_batch_size(spec: JobSpec, profile: Profile, history: Any) -> int:
-    """The explorer's best known batch size (``best_mean()[0]``; the job's own without an explorer)."""
+def best_known_batch_size(spec: JobSpec, profile: Profile, history: Any) -> int | None:
+    """The explorer's best known batch size (``best_mean()[0]``; the job's own without an explorer); None when
+    ``profile`` has no point at it, so a run there could not be planned tonight."""
     explorer = planner_explorer(spec, profile, history)
-    return spec.batch_size if explorer is None else int(explorer.best_mean()[0])
+    best = spec.batch_size if explorer is None else int(explorer.best_mean()[0])
+    return best if _has_points(spec, profile, best) else None
+
+
+def _has_points(spec: JobSpec, profile: Profile, batch_size: int) -> bool:
+    """Whether ``profile`` has a point at ``batch_size`` (what a run there is planned from)."""
+    from carbonflow.planning.batch_size import batch_size_of
+
+    return any(batch_size_of(p.config, spec) == batch_size for p in profile.points)
 
 
 def rerun_job(spec: JobSpec, profile: Profile, batch_size: int, now: datetime) -> tuple[JobSpec, Profile]:

@@ -413,6 +413,10 @@ class RunSession:
         profile = stopped.profile or _profile(member)
         history = self.history([member.job.name])
         best = best_known_batch_size(member.job, profile, history)
+        if best is None:  # an earlier try's stopped attempt, and tonight's profile has no point at the best
+            best = member.job.batch_size
+            self.log.warning("%s: tonight's profile has no point at the best known batch size; rerunning at the "
+                             "job's own batch size %d", member.job.name, best)  # fmt: skip
         now = clock.now()
         spec, at_best = rerun_job(member.job, profile, best, now)
         plan = plan_job(spec, at_best, None, now, history, on_infeasible="fastest", early_stop=True)

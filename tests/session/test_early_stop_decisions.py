@@ -15,7 +15,13 @@ import pytest
 from carbonflow.domain import Config, DeviceEnergy, JobSpec, Plan, Profile, ProfilePoint, utcnow
 from carbonflow.execution.wrapper import WrappedRun
 from carbonflow.planning.learning import JobHistory, RealisedRun
-from carbonflow.session.early_stop import energy_budget_j, planner_explorer, rerun_job, stops_early
+from carbonflow.session.early_stop import (
+    best_known_batch_size,
+    energy_budget_j,
+    planner_explorer,
+    rerun_job,
+    stops_early,
+)
 from carbonflow.session.profile import batch_size_probes, probe_cost_j
 
 T0 = datetime(2023, 3, 14, 19, 0, tzinfo=UTC)  # inside the shipped replay
@@ -108,6 +114,20 @@ def test_the_energy_budget_is_the_explorers_threshold_of_the_plans_batch_size() 
     assert energy_budget_j(SPEC, profile, at_4, _history()) is None  # no batch size reached the target yet
     assert energy_budget_j(SPEC, profile, at_4, None) is None
     assert energy_budget_j(SPEC.model_copy(update={"batch_sizes": None}), profile, at_4, history) is None
+
+
+def test_no_budget_when_tonights_profile_has_no_point_at_the_best_batch_size() -> None:
+    """Finding (user trial): after the training script changed, the profile was measured afresh at the default
+    batch size only; the night's run at 8 was stopped at 2 x batch size 4's mean and the rerun at 4 failed every
+    night (``batch_size=4 has no profile point``). A stop is only worth it where the rerun can be planned."""
+    history = _history(DEFAULT_RAN, (4, 0.015 * PER_EPOCH * 3, True, 3.0))
+    at_8 = _plan(Config(containers=1, power_limit_w=100, batch_size=8))
+    defaults_only = _profile()
+    assert best_known_batch_size(SPEC, defaults_only, history) is None
+    assert energy_budget_j(SPEC, defaults_only, at_8, history) is None, "no rerun at 4 possible: no stop"
+    with_4 = _profile(_point(4, 100, 0.015))
+    assert best_known_batch_size(SPEC, with_4, history) == 4
+    assert energy_budget_j(SPEC, with_4, at_8, history) == pytest.approx(2 * 0.015 * PER_EPOCH * 3)
 
 
 def test_a_rerun_is_planned_from_its_batch_sizes_points_alone() -> None:
