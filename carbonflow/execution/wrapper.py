@@ -305,8 +305,9 @@ class _EnergyBudget:
             return None
         how = f"did not stop within {self.grace_s:g} s and was stopped" if self.forced else "stopped"
         return (
-            f"{ENERGY_BUDGET_STOP}: the run had spent {self.spent_j:.1f} J, more than stop_above_energy_j="
-            f"{self.budget_j:g} J; the training was asked to stop (carbonflow.training.should_stop()) and {how}"
+            f"{ENERGY_BUDGET_STOP}: the run had spent {self.spent_j:.1f} J (read every {ENERGY_CHECK_S:g} s), more "
+            f"than stop_above_energy_j={self.budget_j:g} J; its energy_total_j counts the run to its end; the "
+            f"training was asked to stop (carbonflow.training.should_stop()) and {how}"
         )
 
 

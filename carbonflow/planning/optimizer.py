@@ -298,6 +298,7 @@ def plan_job(
     alternatives_per_config: int = 3,
     early_stop: bool = False,
     intensity_history: Sequence[ForecastPoint] | None = None,
+    starts_now_because: str | None = None,
 ) -> Plan:
     """Choose configuration and start jointly for one job (see the module docstring): candidates →
     predictions → start search → choice → reason.
@@ -306,6 +307,8 @@ def plan_job(
     explorer's :meth:`~carbonflow.planning.learning.BatchSizeExplorer.stop_threshold` and reruns it at once at
     the best known batch size; the deadline margin then counts on that stop and reserves time for the rerun.
     ``intensity_history``: recent actual intensity, which makes the start search robust (see module doc).
+    ``starts_now_because``: the caller starts the run now whatever the forecast (give ``forecast=None``); the
+    reason says this instead of "no forecast".
     """
     _utc("now", now)
     if on_infeasible not in ("raise", "fastest"):
@@ -314,7 +317,7 @@ def plan_job(
         raise DeadlineError(f"finish_by={spec.finish_by.isoformat()} is not after now={now.isoformat()}")
     if forecast is not None and not forecast.points:
         forecast = None
-    objective, notes = _objective_tonight(spec, forecast)
+    objective, notes = _objective_tonight(spec, forecast, starts_now_because)
     profile = decidable_profile(profile, notes)
     tonight = _candidates_tonight(spec, profile, history, now, early_stop, notes)  # candidates + predictions
     latest, squeezed = latest_starts(spec, forecast, now, tonight.durations, tonight.within, tonight.margin)
@@ -358,11 +361,17 @@ def plan_job(
     )
 
 
-def _objective_tonight(spec: JobSpec, forecast: Forecast | None) -> tuple[str, list[str]]:
-    """The objective planned with (carbon falls back to energy without a forecast) and the notes saying so."""
-    if forecast is None and parse_objective(spec.objective)[0] == "carbon":
-        return "energy", ["no forecast: starts now, carbon objective planned as energy"]
-    return spec.objective, [] if forecast is not None else ["no forecast: starts now"]
+def _objective_tonight(
+    spec: JobSpec, forecast: Forecast | None, starts_now_because: str | None = None
+) -> tuple[str, list[str]]:
+    """The objective planned with (carbon falls back to energy without a forecast) and the notes saying so
+    (``starts_now_because``: why the caller starts now without one, said instead of "no forecast")."""
+    if forecast is not None:
+        return spec.objective, []
+    why = starts_now_because or "no forecast: starts now"
+    if parse_objective(spec.objective)[0] == "carbon":
+        return "energy", [f"{why}, carbon objective planned as energy"]
+    return spec.objective, [why]
 
 
 def decidable_profile(profile: Profile, notes: list[str] | None = None) -> Profile:

@@ -379,14 +379,16 @@ class RunSession:
     ) -> JobOutcome:
         """Train ``plan`` alone (profiling its limits inside the run when its batch size has no profiled limits),
         stopped at ``budget_j`` when given; account and log it. ``follows``: the stopped attempt a rerun follows."""
+        from carbonflow.profiling.profiler import IN_RUN_MIN_LIMITS
         from carbonflow.session.in_run import in_run_options_for, learn_profile, ran_as
 
         self.log.info("launching %s with %s", member.job.name, plan.config.key())
         in_run = in_run_options_for(member.job, member.profile, plan, self._backend,
                                     shadow=member.would_have is not None)  # fmt: skip
         if in_run is not None:
-            self.log.info("%s: its batch size has no profiled limits; the training sweeps them inside itself and "
-                          "keeps that work (in-run profiling)", member.job.name)  # fmt: skip
+            self.log.info("%s: its batch size has fewer than %d profiled power limits (never profiled, or one "
+                          "from a probe); the training sweeps them inside itself and keeps that work (in-run "
+                          "profiling)", member.job.name, IN_RUN_MIN_LIMITS)  # fmt: skip
         try:
             if in_run is None and budget_j is None:
                 wrapped = self._backend.execute(member.job, plan, run_name=run_name)
@@ -419,7 +421,8 @@ class RunSession:
                              "job's own batch size %d", member.job.name, best)  # fmt: skip
         now = clock.now()
         spec, at_best = rerun_job(member.job, profile, best, now)
-        plan = plan_job(spec, at_best, None, now, history, on_infeasible="fastest", early_stop=True)
+        plan = plan_job(spec, at_best, None, now, history, on_infeasible="fastest", early_stop=True,
+                        starts_now_because="a rerun starts at once, not at a cleaner hour")  # fmt: skip
         plan.replay = state.forecast.replay if state.forecast is not None else False
         plan.reason = (
             f"rerun at the best known batch size {best} after an attempt stopped at its energy budget; {plan.reason}"

@@ -197,6 +197,8 @@ def test_launch_stops_an_exploratory_run_and_reruns_at_the_best_known_batch_size
     assert explorer is not None and first_options.stop_above_energy_j == pytest.approx(explorer.stop_threshold(4))
     assert second.config.batch_size in (None, 8) and second_options is None  # the rerun: no budget
     assert "rerun at the best known batch size 8" in second.reason
+    # user trial: the rerun said "(no forecast: starts now)" although the night had one and its run was counted with it
+    assert "a rerun starts at once, not at a cleaner hour" in second.reason and "no forecast" not in second.reason
     [rerun] = outcome.jobs
     assert rerun.stopped is not None and rerun.stopped.stopped_at_energy_budget_j == first_options.stop_above_energy_j
     assert rerun.stopped.result is not None and rerun.result is not None
