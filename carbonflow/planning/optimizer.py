@@ -338,6 +338,9 @@ def plan_job(
     held = _why_not_later(spec, choice, now) if forecast is not None else None
     if held:
         notes.append(held)
+    capped = _at_epochs_cap(spec, history)
+    if capped:
+        notes.append(capped)
     reason = _reason(
         spec, chosen, start, em_best, baseline.predicted_emissions_g, tonight.ref_c, now, forecast is not None, notes
     )
@@ -358,6 +361,20 @@ def plan_job(
         alternatives=alternatives,
         reason=reason,
         created_at=now,
+    )
+
+
+def _at_epochs_cap(spec: JobSpec, history: JobHistory | None) -> str | None:
+    """The note of a target-trained job predicted at its ``epochs`` (the most a run may train, an upper bound):
+    no run of it has reached the target yet, so neither its history nor the batch-size explorer (whose guesses
+    for an untried batch size come from sizes that did) says how many it needs (see :func:`work_samples`)."""
+    if spec.target_metric is None or spec.target_value is None or spec.epochs is None:
+        return None
+    if history is not None and any(r.reached_target for r in history.for_job(spec.name)):
+        return None
+    return (
+        f"predicted for its most epochs ({spec.epochs}), an upper bound: no run has reached "
+        f"{spec.target_metric} >= {spec.target_value:g} yet"
     )
 
 

@@ -342,6 +342,21 @@ def test_target_trained_job_plans_its_deadline_for_its_most_epochs_not_the_mean(
     assert deadline_epochs(spec, JobHistory(history.records[:2]), 64) == 20.0
 
 
+def test_a_target_trained_job_no_run_of_which_reached_its_target_says_it_is_predicted_for_its_most_epochs():
+    """Finding (user trial): night 1 predicted 2.06 kJ and measured 0.409 kJ: the plan counts the job's `epochs`
+    (the most a run may train) until a run reached the target, and did not say that it is an upper bound."""
+    profile = make_profile(batch_sizes=(64,))
+    spec = make_spec(hours=24.0, epochs=20, batch_size=64, target_metric="accuracy", target_value=0.9)
+    for history in (None, JobHistory([])):
+        first = plan_job(spec, profile, None, NOW, history)
+        assert "predicted for its most epochs (20), an upper bound: no run has reached accuracy >= 0.9 yet" in (
+            first.reason
+        )
+    later = plan_job(spec, profile, None, NOW, JobHistory([_target_run(spec.name, 1, 64, 4.0)]))
+    assert "upper bound" not in later.reason and later.predicted_energy_j < first.predicted_energy_j / 2
+    assert "upper bound" not in plan_job(spec.model_copy(update={"target_metric": None}), profile, None, NOW).reason
+
+
 def test_exploration_only_when_an_early_stop_and_a_rerun_still_fit_before_finish_by():
     # 256 is 3x faster per epoch: the explorer wants to try it after three runs of 64 at 10 epochs each.
     profile = make_profile(batch_sizes=(64, 256), bs_speed={64: 1.0, 256: 3.0})
