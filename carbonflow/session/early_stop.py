@@ -103,17 +103,20 @@ def best_known_batch_size(spec: JobSpec, profile: Profile, history: Any) -> int 
 
 def _has_points(spec: JobSpec, profile: Profile, batch_size: int) -> bool:
     """Whether ``profile`` has a point at ``batch_size`` (what a run there is planned from)."""
+    return bool(_points_at(spec, profile, batch_size))
+
+
+def _points_at(spec: JobSpec, profile: Profile, batch_size: int) -> list[Any]:
+    """``profile``'s points at ``batch_size``."""
     from carbonflow.planning.batch_size import batch_size_of
 
-    return any(batch_size_of(p.config, spec) == batch_size for p in profile.points)
+    return [p for p in profile.points if batch_size_of(p.config, spec) == batch_size]
 
 
 def rerun_job(spec: JobSpec, profile: Profile, batch_size: int, now: datetime) -> tuple[JobSpec, Profile]:
     """The job and profile a rerun at ``batch_size`` is planned from: that batch size alone (no exploration), its
     profile points only, and no finish-by when it has passed (the rerun starts now whatever)."""
-    from carbonflow.planning.batch_size import batch_size_of
-
-    points = [p for p in profile.points if batch_size_of(p.config, spec) == batch_size]
+    points = _points_at(spec, profile, batch_size)
     if not points:
         raise ValueError(f"batch_size={batch_size} has no profile point of job {spec.name!r}; profile it first")
     late = spec.finish_by is not None and spec.finish_by <= now
