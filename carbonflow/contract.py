@@ -51,6 +51,13 @@ BATCH_SIZE_ENV = "CARBONFLOW_BATCH_SIZE"
 MODE_ENV = "CARBONFLOW_MODE"
 """``train`` or ``profile``."""
 CONTAINERS_ENV = "CARBONFLOW_CONTAINERS"
+TARGET_METRIC_ENV = "CARBONFLOW_TARGET_METRIC"
+TARGET_VALUE_ENV = "CARBONFLOW_TARGET_VALUE"
+"""A job trained to a target: the metric and the value that counts as reached (``target_metric``/``target_value``;
+unset without one). ``carbonflow.training.should_stop()`` turns true once a report reaches it."""
+LR_SCALE_ENV = "CARBONFLOW_LR_SCALE"
+"""The factor the training multiplies its learning rate by at tonight's batch size (the job's ``lr_scaling``:
+1 at its own batch size, or with ``none``)."""
 LR_ENV = "CARBONFLOW_LR"
 """The built-in digits workload's learning rate (passed on from the wrapper's environment)."""
 THREADS_PER_CONTAINER_ENV = "CARBONFLOW_THREADS_PER_CONTAINER"
@@ -337,6 +344,27 @@ def work_epochs(default: int) -> int:
 def work_batch_size(default: int) -> int:
     """The job's batch size (``$CARBONFLOW_BATCH_SIZE``, else ``default``)."""
     return int(_work_number(BATCH_SIZE_ENV, default, int))
+
+
+def work_target() -> tuple[str, float] | None:
+    """The job's target (``$CARBONFLOW_TARGET_METRIC``, ``$CARBONFLOW_TARGET_VALUE``), or None when it has none."""
+    metric, value = training_value(TARGET_METRIC_ENV), training_value(TARGET_VALUE_ENV)
+    if not metric or not value:
+        return None
+    number = float(_work_number(TARGET_VALUE_ENV, 0.0, float))
+    if not math.isfinite(number):
+        raise ValueError(f"{TARGET_VALUE_ENV}={value!r} is not allowed; give a finite number")
+    return metric, number
+
+
+def lr_scale() -> float:
+    """The factor for the learning rate at tonight's batch size (``$CARBONFLOW_LR_SCALE``, else 1)."""
+    factor = float(_work_number(LR_SCALE_ENV, 1.0, float))
+    if not math.isfinite(factor) or factor <= 0:
+        raise ValueError(
+            f"{LR_SCALE_ENV}={training_value(LR_SCALE_ENV)!r} is not allowed; give a positive factor such as 2"
+        )
+    return factor
 
 
 def learning_rate(default: float) -> float:

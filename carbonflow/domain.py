@@ -155,7 +155,7 @@ class TriggerLimits(_InputModel):
         return v
 
 
-COMMAND_PLACEHOLDERS = ("epochs", "steps", "batch_size", "output_dir", "python")
+COMMAND_PLACEHOLDERS = ("epochs", "steps", "batch_size", "lr_scale", "output_dir", "python")
 """Placeholders a command job may use; each is also in the environment (CARBONFLOW_EPOCHS, ...)."""
 
 
@@ -169,8 +169,8 @@ class JobSpec(_InputModel):
     command: list[str] | None = Field(
         default=None,
         max_length=MAX_COMMAND_WORDS,
-        description="command to run instead of a workload; may use {epochs} {steps} {batch_size} {output_dir} "
-        f"{{python}}; 'python' as the first word is the worker's interpreter; words of at most "
+        description="command to run instead of a workload; may use {epochs} {steps} {batch_size} {lr_scale} "
+        f"{{output_dir}} {{python}}; 'python' as the first word is the worker's interpreter; words of at most "
         f"{MAX_COMMAND_WORD_CHARS} characters, {MAX_COMMAND_CHARS} in all",
     )
     working_dir: str | None = Field(
@@ -216,7 +216,10 @@ class JobSpec(_InputModel):
         description=f"opt-in batch-size candidates (each ≥ 1, ≤ {MAX_BATCH_SIZE})",
     )
     lr_scaling: Literal["none", "linear", "sqrt"] = Field(
-        default="none", description="how the learning rate follows a batch size other than batch_size"
+        default="none",
+        description="how the learning rate follows a batch size other than batch_size: the training multiplies its "
+        "learning rate by CARBONFLOW_LR_SCALE (carbonflow.training.lr_scale(), {lr_scale}): 'linear' batch size ÷ "
+        "batch_size, 'sqrt' its square root, 'none' 1",
     )
     target_metric: str | None = Field(
         default=None,
@@ -227,7 +230,8 @@ class JobSpec(_InputModel):
         default=None,
         ge=-MAX_ABS_TARGET_VALUE,
         le=MAX_ABS_TARGET_VALUE,
-        description="value of target_metric that counts as reached",
+        description="value of target_metric that counts as reached; the training reads it as "
+        "CARBONFLOW_TARGET_VALUE and carbonflow.training.should_stop() turns true once a report reaches it",
     )
     recurrences: int | None = Field(
         default=None,

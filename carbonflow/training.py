@@ -17,6 +17,11 @@ Environment set by the wrapper:
 - ``CARBONFLOW_STOP_FILE``: when this file exists, :func:`should_stop` is true (the wrapper ends a
   profiling sweep early this way).
 - ``CARBONFLOW_OUTPUT_DIR``: where to save the model and other outputs.
+- ``CARBONFLOW_TARGET_METRIC`` / ``CARBONFLOW_TARGET_VALUE``: a job trained to a target (:func:`target`); in a
+  training run :func:`should_stop` turns true once a report's metric reaches the value, so a loop that checks it
+  ends at the target (as Zeus's training does), its model saved as at any other end.
+- ``CARBONFLOW_LR_SCALE``: the factor for the learning rate at tonight's batch size, from the job's
+  ``lr_scaling`` (:func:`lr_scale`; 1 at the job's own batch size).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from carbonflow.contract import (
     SIM_SLOWDOWN_ENV,
     SIM_SLOWDOWN_FILE_ENV,
     STOP_FILE_ENV,
+    TARGET_METRIC_ENV,
+    TARGET_VALUE_ENV,
 )
 
 __all__ = [
@@ -44,11 +51,15 @@ __all__ = [
     "SIM_SLOWDOWN_ENV",
     "SIM_SLOWDOWN_FILE_ENV",
     "STOP_FILE_ENV",
+    "TARGET_METRIC_ENV",
+    "TARGET_VALUE_ENV",
+    "lr_scale",
     "output_dir",
     "profiling",
     "report",
     "reset",
     "should_stop",
+    "target",
 ]
 
 
@@ -61,6 +72,8 @@ class _Reporter:
         self.stop_file = contract.stop_file()
         self.max_steps = contract.max_steps()
         self.path = contract.progress_file()
+        self.target = contract.work_target()
+        self.reached_target = False
         # Only rank 0 writes in a distributed run; every rank throttles.
         self.rank = int(os.environ.get("RANK", "0"))
 
@@ -81,14 +94,22 @@ class _Reporter:
             now = time.monotonic()
         self.last_step_end_s = now
         self.steps = max(self.steps, step)
+        if self.target is not None and self.target[0] in metrics:
+            self.reached_target = (
+                self.reached_target
+                or _floats({self.target[0]: metrics[self.target[0]]})[self.target[0]] >= self.target[1]
+            )
         if self.path is None or self.rank != 0:
             return
-        line = {"step": int(step), "samples": int(samples), "t_s": now, "metrics": _floats(metrics)}
+        values = _floats(metrics)
+        line = {"step": int(step), "samples": int(samples), "t_s": now, "metrics": values}
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(line) + "\n")
 
     def should_stop(self) -> bool:
         if self.max_steps is not None and self.steps >= self.max_steps:
+            return True
+        if self.reached_target and self.max_steps is None and contract.training_mode() != "profile":
             return True
         return self.stop_file is not None and self.stop_file.exists()
 
@@ -125,8 +146,21 @@ def report(step: int, samples: int, **metrics: Any) -> None:
 
 
 def should_stop() -> bool:
-    """True in profile mode once the step budget is used up."""
+    """True when the training should end: in profile mode once the step budget is used up; when carbonflow asks
+    (a profile's window ended, the run's energy budget is spent); in a training run of a job trained to a target,
+    once a :func:`report` gave its ``target_metric`` at least its ``target_value``."""
     return _get().should_stop()
+
+
+def target() -> tuple[str, float] | None:
+    """The job's target, ``(target_metric, target_value)``, or None when it is not trained to one."""
+    return _get().target
+
+
+def lr_scale() -> float:
+    """The factor to multiply the learning rate by at tonight's batch size (the job's ``lr_scaling``; 1 when it is
+    ``none`` or the batch size is the job's own): ``lr = base_lr * training.lr_scale()``."""
+    return contract.lr_scale()
 
 
 def profiling() -> bool:

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
-from carbonflow.contract import BATCH_SIZE_ENV, CONTAINERS_ENV, EPOCHS_ENV, JOB_NAME_ENV, MODE_ENV, STEPS_ENV
+from carbonflow.contract import (
+    BATCH_SIZE_ENV,
+    CONTAINERS_ENV,
+    EPOCHS_ENV,
+    JOB_NAME_ENV,
+    LR_SCALE_ENV,
+    MODE_ENV,
+    STEPS_ENV,
+    TARGET_METRIC_ENV,
+    TARGET_VALUE_ENV,
+)
 from carbonflow.domain import Config, JobSpec
 
 WORKLOAD_MODULES: dict[str, str] = {
@@ -79,6 +90,7 @@ def resolved_command(spec: JobSpec, config: Config, *, python: str = sys.executa
         "epochs": "" if spec.epochs is None else str(spec.epochs),
         "steps": "" if spec.steps is None else str(spec.steps),
         "batch_size": str(config.batch_size or spec.batch_size),
+        "lr_scale": f"{lr_scale(spec, config):.12g}",
         "python": python,
         "output_dir": output_dir or "{output_dir}",
     }
@@ -106,4 +118,15 @@ def work_env(spec: JobSpec, config: Config, mode: str) -> dict[str, str]:
         env[EPOCHS_ENV] = str(spec.epochs)
     if spec.steps is not None:
         env[STEPS_ENV] = str(spec.steps)
+    if spec.target_metric is not None and spec.target_value is not None:
+        env[TARGET_METRIC_ENV] = spec.target_metric
+        env[TARGET_VALUE_ENV] = repr(float(spec.target_value))
+    env[LR_SCALE_ENV] = f"{lr_scale(spec, config):.12g}"
     return env
+
+
+def lr_scale(spec: JobSpec, config: Config) -> float:
+    """The factor for the training's learning rate at ``config``'s batch size, by the job's ``lr_scaling``: ``linear``
+    (Goyal et al.) batch size ÷ the job's ``batch_size``, ``sqrt`` its square root, ``none`` 1."""
+    ratio = (config.batch_size or spec.batch_size) / spec.batch_size
+    return {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[spec.lr_scaling]

@@ -4,7 +4,9 @@ After each optimiser step it reports the step and the samples processed (``per_d
 × gradient accumulation × processes), with the last logged loss; while carbonflow profiles the job it
 stops training once the step budget is measured (``carbonflow.training.should_stop``). Evaluation metrics
 are reported with their names (``eval_accuracy`` also as ``test_accuracy``, the metric carbonflow registers
-models by). At the end the model's ``state_dict`` is saved as ``$CARBONFLOW_OUTPUT_DIR/model.pt``.
+models by); for a job trained to a target, training ends at the evaluation whose metric reaches it
+(``target_metric``, e.g. ``eval_accuracy``). At the end the model's ``state_dict`` is saved as
+``$CARBONFLOW_OUTPUT_DIR/model.pt``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ class CarbonflowTrainerCallback(TrainerCallback):
         if "eval_accuracy" in numbers:
             numbers["test_accuracy"] = numbers["eval_accuracy"]
         training.report(state.global_step, _samples(args, state), **numbers)
+        if training.should_stop():  # e.g. the job's target_metric reached its target_value
+            control.should_training_stop = True
+        return control
 
     def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if self.save_model and model is not None and not training.profiling():

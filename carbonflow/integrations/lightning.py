@@ -3,7 +3,8 @@
 After each training batch it reports the global step and the samples processed (the batch's size, summed
 over steps and processes), with the logged ``train_loss``/``loss`` when there is one; while carbonflow
 profiles the job it stops training once the step budget is measured. Validation/test metrics are reported
-(``val_acc``/``test_acc``/``*accuracy*`` also as ``test_accuracy``). At the end the LightningModule's
+(``val_acc``/``test_acc``/``*accuracy*`` also as ``test_accuracy``); for a job trained to a target, training
+ends at the validation whose metric reaches it (``target_metric``, e.g. ``val_acc``). At the end the LightningModule's
 ``state_dict`` is saved as ``$CARBONFLOW_OUTPUT_DIR/model.pt``.
 """
 
@@ -49,6 +50,8 @@ class CarbonflowLightningCallback(pl.Callback):
     def on_validation_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:
             self._report_eval(trainer)
+            if training.should_stop():  # e.g. the job's target_metric reached its target_value
+                trainer.should_stop = True
 
     def on_test_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         self._report_eval(trainer)

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model()
     if world_size > 1:
         model = DistributedDataParallel(model)
-    optimiser = torch.optim.Adam(model.parameters(), lr=args.lr)
+    optimiser = torch.optim.Adam(model.parameters(), lr=args.lr * training.lr_scale())
     loss_fn = torch.nn.CrossEntropyLoss()
 
     step = 0

@@ -111,3 +111,43 @@ def test_lightning_callback_profiles_trains_and_registers(tmp_path):
     assert "test_accuracy" in run.metrics and 0.0 <= run.metrics["test_accuracy"] <= 1.0
     assert (Path(run.output_dir) / "model.pt").is_file()
     assert mlflow_run.data.tags[schema.T_KIND] == "training"
+
+
+HF_EVAL_SCRIPT = HF_SCRIPT.replace(
+    "report_to=[],", "report_to=[], eval_strategy='steps', eval_steps=5,"
+).replace(
+    "train_dataset=Data(),",
+    "train_dataset=Data(), eval_dataset=torch.utils.data.Subset(Data(), range(64)), "
+    "compute_metrics=lambda p: {'accuracy': float((p.predictions.argmax(-1) == p.label_ids).mean())},",
+)
+LIGHTNING_VAL_SCRIPT = LIGHTNING_SCRIPT.replace(
+    "    def configure_optimizers(self):",
+    "    def validation_step(self, batch, i):\n"
+    "        x, y = batch\n"
+    "        self.log('val_acc', (self.net(x).argmax(1) == y).float().mean())\n"
+    "    def configure_optimizers(self):",
+).replace("trainer.fit(Tiny(), loader)", "trainer.fit(Tiny(), loader, loader)")
+
+
+def _train_to(tmp_path: Path, script: str, name: str, metric: str) -> object:
+    """Train a job whose target every evaluation reaches (``metric`` ≥ 0): it must end at its first one."""
+    (tmp_path / "train.py").write_text(script)
+    spec = JobSpec(name=name, command=["python", "train.py"], working_dir=str(tmp_path), steps=512, batch_size=16,
+                   region="GB", device_kind="cpu", target_metric=metric, target_value=0.0)  # fmt: skip
+    plan = Plan(job=name, config=Config(), start=datetime.now(UTC), predicted_duration_s=1, predicted_energy_j=1,
+                predicted_emissions_g=1, region="GB", forecast_provider="test", reason="callback test")  # fmt: skip
+    return LocalBackend(tmp_path / "runs").execute(spec, plan, trace=False)
+
+
+@pytest.mark.slow
+def test_the_hugging_face_callback_ends_training_at_the_evaluation_that_reaches_the_target(tmp_path):
+    run = _train_to(tmp_path, HF_EVAL_SCRIPT, "tiny-bert", "eval_accuracy")
+    assert run.exit_code == 0 and run.steps == 5  # the first evaluation (step 5) reached it, not max_steps 512
+    assert (Path(run.output_dir) / "model.pt").is_file()  # saved as at any other end
+
+
+@pytest.mark.slow
+def test_the_lightning_callback_ends_training_at_the_validation_that_reaches_the_target(tmp_path):
+    run = _train_to(tmp_path, LIGHTNING_VAL_SCRIPT, "tiny-lightning", "val_acc")
+    assert run.exit_code == 0 and run.steps == 4096 // 16  # one epoch, then its validation reached it
+    assert (Path(run.output_dir) / "model.pt").is_file()
