@@ -113,9 +113,7 @@ def test_lightning_callback_profiles_trains_and_registers(tmp_path):
     assert mlflow_run.data.tags[schema.T_KIND] == "training"
 
 
-HF_EVAL_SCRIPT = HF_SCRIPT.replace(
-    "report_to=[],", "report_to=[], eval_strategy='steps', eval_steps=5,"
-).replace(
+HF_EVAL_SCRIPT = HF_SCRIPT.replace("report_to=[],", "report_to=[], eval_strategy='steps', eval_steps=5,").replace(
     "train_dataset=Data(),",
     "train_dataset=Data(), eval_dataset=torch.utils.data.Subset(Data(), range(64)), "
     "compute_metrics=lambda p: {'accuracy': float((p.predictions.argmax(-1) == p.label_ids).mean())},",
