@@ -380,12 +380,23 @@ def dags_test(
         ),
     ] = None,
     live: Annotated[bool, typer.Option(help="live carbon APIs and the wall clock instead of the replay")] = False,
+    conf: Annotated[
+        str | None,
+        typer.Option(
+            help="the DAG run's conf, a JSON object (what a UI trigger would send), e.g. '{\"epochs\": 2}'; the "
+            "validate task checks it as it checks a trigger's"
+        ),
+    ] = None,
 ) -> None:
     """Run your DAG once, end to end, on embedded Airflow + MLflow, and print each training's cost and accuracy."""
-    from carbonflow.dag_test import run_dag_test
+    from carbonflow.dag_test import parse_conf, run_dag_test
     from carbonflow.settings import home_dir
 
-    raise typer.Exit(run_dag_test(dag_file, home or home_dir(), dag_id=dag_id, live=live))
+    try:
+        run_conf = parse_conf(conf)
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--conf") from None
+    raise typer.Exit(run_dag_test(dag_file, home or home_dir(), dag_id=dag_id, live=live, conf=run_conf))
 
 
 @app.command()

@@ -83,9 +83,29 @@ def training_runs_of(uri: str, dag_id: str, dag_run_id: str) -> list[dict[str, A
              "metrics": r.data.metrics, "tags": r.data.tags} for r in runs]  # fmt: skip
 
 
+MAX_CONF_CHARS = 65_536
+"""The longest ``--conf`` accepted (a trigger's conf is a few bounded fields)."""
+
+
+def parse_conf(text: str | None) -> dict[str, Any] | None:
+    """``--conf``'s JSON object, or None; a clear error for anything else, before Airflow starts."""
+    if text is None:
+        return None
+    if len(text) > MAX_CONF_CHARS:
+        raise ValueError(f"{len(text)} characters is too long; allowed: at most {MAX_CONF_CHARS}")
+    try:
+        conf = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{text!r} is not JSON ({err.msg}); give an object, e.g. '{{\"epochs\": 2}}'") from None
+    if not isinstance(conf, dict):
+        raise ValueError(f"{text!r} is a JSON {type(conf).__name__}; give an object, e.g. '{{\"epochs\": 2}}'")
+    return conf
+
+
 def run_dag_test(dag_file: Path, home: Path, *, dag_id: str | None = None, live: bool = False,
-                 console: Console | None = None) -> int:  # fmt: skip
-    """Run ``dag_file``'s DAG once on embedded Airflow + MLflow; returns a process exit code."""
+                 conf: dict[str, Any] | None = None, console: Console | None = None) -> int:  # fmt: skip
+    """Run ``dag_file``'s DAG once on embedded Airflow + MLflow (with ``conf`` as the DAG run's conf, checked by
+    its validate task as a trigger's is); returns a process exit code."""
     from carbonflow.terminal import cli_console
 
     console = console or cli_console()
@@ -108,7 +128,8 @@ def run_dag_test(dag_file: Path, home: Path, *, dag_id: str | None = None, live:
         mode = "live carbon data, wall clock" if live else "replayed carbon data (NESO GB, March 2023)"
         offset = log_path.stat().st_size if log_path.exists() else 0
         with console.status(f"running {dag_id} through Airflow ({mode})…"):
-            code = airflow_cli(["dags", "test", dag_id, "--dagfile-path", str(dag_file)], env, log_path)
+            conf_args = ["--conf", json.dumps(conf)] if conf is not None else []
+            code = airflow_cli(["dags", "test", dag_id, "--dagfile-path", str(dag_file), *conf_args], env, log_path)
         outcome = parse_dags_test_log(_read_from(log_path, offset), dag_id)
         if outcome.run_id is None or outcome.state is None:
             latest = max(_airflow_json(["dags", "list-runs", dag_id], env), key=lambda r: r.get("start_date") or "",
@@ -320,7 +341,8 @@ def print_runs(
 
     cells = zip(column(s.M_PREDICTED_ENERGY_TOTAL_J, per_j), column(s.M_ENERGY_TOTAL_J, per_j),
                 column(s.M_EMISSIONS_G, per_g), strict=True)  # fmt: skip
-    for run, batch_size, (predicted, measured, emissions) in zip(runs, batch_sizes, cells, strict=True):
+    for i, (run, batch_size, (predicted, measured, emissions)) in enumerate(zip(runs, batch_sizes, cells,
+                                                                               strict=True)):  # fmt: skip
         m, p = run["metrics"], run["params"]
         table.add_row(
             run["job"], _configuration(p.get(s.P_CONTAINERS), p.get(s.P_POWER_LIMIT_W)),
@@ -329,7 +351,11 @@ def print_runs(
             format_percent(m.get(s.M_SAVING_FRACTION)),
             f"{m[s.M_TEST_ACCURACY]:.3f}" if s.M_TEST_ACCURACY in m else "–",
             *([run["tags"].get(s.T_ENERGY_LABELS, "")] if len(labels) > 1 else []),
+            end_section=i == len(runs) - 1 and len(runs) > 1,
         )  # fmt: skip
+    if len(runs) > 1:  # the DAG run's own cost: every training, a stopped attempt and its rerun included
+        table.add_row(f"total ({len(runs)} runs)", *[""] * (2 + chose_batch_sizes), "",
+                      *_totals(runs, per_j, per_g), "", "", *([""] if len(labels) > 1 else []))  # fmt: skip
     energy = f"energy: {labels.pop() or 'unlabelled'}; " if len(labels) == 1 else ""
     table.caption = energy + SAVING_CAPTION
     console.print(table)
@@ -351,6 +377,18 @@ def print_runs(
         log = training_log_of(tracking_uri, run["run_id"]) if tracking_uri else None
         if log is not None:
             print_path(console, "training log:", log, indent="  ")
+
+
+def _totals(runs: list[dict[str, Any]], per_j: float, per_g: float) -> list[str]:
+    """The measured energy and CO2e of all ``runs`` (in the table's units; '–' when a run has none)."""
+    from carbonflow.tracking import schema as s
+    from carbonflow.units import format_column
+
+    out = []
+    for name, per in ((s.M_ENERGY_TOTAL_J, per_j), (s.M_EMISSIONS_G, per_g)):
+        values = [r["metrics"].get(name) for r in runs]
+        out += format_column([None if None in values else sum(values) / per])
+    return out
 
 
 SAVING_CAPTION = (

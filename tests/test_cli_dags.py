@@ -121,6 +121,42 @@ def test_the_runs_table_shows_the_batch_size_a_learning_job_trained_at() -> None
     assert "batch" not in console.export_text()
 
 
+def test_the_runs_table_totals_the_dag_runs_energy_and_co2e_when_it_trained_more_than_once() -> None:
+    """From a user trial: a night with a stopped attempt and its rerun showed two rows and no total."""
+    attempt, rerun = (_run("explores", observe_only=False, saving_fraction=0.1, saving_g=0.01) for _ in range(2))
+    rerun["metrics"][s.M_ENERGY_TOTAL_J], rerun["metrics"][s.M_EMISSIONS_G] = 2765.5, 0.1355
+    console = Console(record=True, width=120)
+    print_runs(console, [attempt, rerun], replayed=True)
+    [total] = [line for line in console.export_text().splitlines() if "total (2 runs)" in line]
+    assert "4.00" in total and " 200 " in total  # 1234.5 + 2765.5 J in kJ; 0.0645 + 0.1355 g in mg
+    console = Console(record=True, width=120)
+    print_runs(console, [attempt], replayed=True)
+    assert "total" not in console.export_text()  # one run: its row is the total
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [("{epochs: 2}", "is not JSON"), ("[1, 2]", "is a JSON list; give an object"), ("x" * 70_000, "too long")],
+)
+def test_a_bad_conf_is_refused_before_airflow_starts(tmp_path: Path, conf: str, message: str) -> None:
+    folder = _project(tmp_path / "p", "tiny_dag")
+    done = subprocess.run([CARBONFLOW, "dags", "test", "tiny_dag.py", "--conf", conf], cwd=folder,
+                          env=_clean_env(folder), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and message in " ".join((done.stdout + done.stderr).split()), done.stderr
+    assert not (folder / ".carbonflow" / "dags-test.log").exists()  # nothing started
+
+
+@pytest.mark.slow
+def test_a_conf_reaches_the_dag_run_and_its_validate_task_checks_it_as_a_triggers(tmp_path: Path) -> None:
+    """--conf is what a UI trigger sends: a key only the job's author may set fails the validate task, naming it."""
+    folder = _project(tmp_path / "p", "tiny_dag")
+    done = subprocess.run([CARBONFLOW, "dags", "test", "tiny_dag.py", "--conf", '{"command": ["sh", "-c", "id"]}'],
+                          cwd=folder, env=_clean_env(folder), capture_output=True, text=True, timeout=900)  # fmt: skip
+    flat = " ".join(done.stdout.split())
+    assert done.returncode == 1 and "task validate failed" in flat and "command" in flat, done.stdout[-3000:]
+    assert not list((folder / ".carbonflow").glob("runs/*/tiny/train"))  # refused before any work started
+
+
 def _clean_env(home: Path) -> dict[str, str]:
     """The user's shell: none of the test session's Airflow or carbonflow settings; output piped."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "CARBONFLOW", "MLFLOW", "COLUMNS"))}
