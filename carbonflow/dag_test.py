@@ -341,8 +341,7 @@ def print_runs(
 
     cells = zip(column(s.M_PREDICTED_ENERGY_TOTAL_J, per_j), column(s.M_ENERGY_TOTAL_J, per_j),
                 column(s.M_EMISSIONS_G, per_g), strict=True)  # fmt: skip
-    for i, (run, batch_size, (predicted, measured, emissions)) in enumerate(zip(runs, batch_sizes, cells,
-                                                                               strict=True)):  # fmt: skip
+    for run, batch_size, (predicted, measured, emissions) in zip(runs, batch_sizes, cells, strict=True):
         m, p = run["metrics"], run["params"]
         table.add_row(
             run["job"], _configuration(p.get(s.P_CONTAINERS), p.get(s.P_POWER_LIMIT_W)),
@@ -351,9 +350,9 @@ def print_runs(
             format_percent(m.get(s.M_SAVING_FRACTION)),
             f"{m[s.M_TEST_ACCURACY]:.3f}" if s.M_TEST_ACCURACY in m else "–",
             *([run["tags"].get(s.T_ENERGY_LABELS, "")] if len(labels) > 1 else []),
-            end_section=i == len(runs) - 1 and len(runs) > 1,
         )  # fmt: skip
     if len(runs) > 1:  # the DAG run's own cost: every training, a stopped attempt and its rerun included
+        table.add_section()
         table.add_row(f"total ({len(runs)} runs)", *[""] * (2 + chose_batch_sizes), "",
                       *_totals(runs, per_j, per_g), "", "", *([""] if len(labels) > 1 else []))  # fmt: skip
     energy = f"energy: {labels.pop() or 'unlabelled'}; " if len(labels) == 1 else ""

@@ -94,22 +94,27 @@ class _Reporter:
             now = time.monotonic()
         self.last_step_end_s = now
         self.steps = max(self.steps, step)
-        if self.target is not None and self.target[0] in metrics:
-            self.reached_target = (
-                self.reached_target
-                or _floats({self.target[0]: metrics[self.target[0]]})[self.target[0]] >= self.target[1]
-            )
+        self.reached_target = self.reached_target or self._reaches_target(metrics)
         if self.path is None or self.rank != 0:
             return
-        values = _floats(metrics)
-        line = {"step": int(step), "samples": int(samples), "t_s": now, "metrics": values}
+        line = {"step": int(step), "samples": int(samples), "t_s": now, "metrics": _floats(metrics)}
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(line) + "\n")
+
+    def _reaches_target(self, metrics: dict[str, Any]) -> bool:
+        if self.target is None or self.target[0] not in metrics:
+            return False
+        name, value = self.target
+        return _floats({name: metrics[name]})[name] >= value
+
+    @property
+    def profiling(self) -> bool:
+        return contract.training_mode() == "profile" or self.max_steps is not None
 
     def should_stop(self) -> bool:
         if self.max_steps is not None and self.steps >= self.max_steps:
             return True
-        if self.reached_target and self.max_steps is None and contract.training_mode() != "profile":
+        if self.reached_target and not self.profiling:  # a profile measures its window whatever the metric says
             return True
         return self.stop_file is not None and self.stop_file.exists()
 
@@ -165,7 +170,7 @@ def lr_scale() -> float:
 
 def profiling() -> bool:
     """True while carbonflow profiles the job (``CARBONFLOW_MODE=profile``): train until :func:`should_stop`."""
-    return contract.training_mode() == "profile" or _get().max_steps is not None
+    return _get().profiling
 
 
 def output_dir() -> Path:

@@ -90,7 +90,7 @@ def resolved_command(spec: JobSpec, config: Config, *, python: str = sys.executa
         "epochs": "" if spec.epochs is None else str(spec.epochs),
         "steps": "" if spec.steps is None else str(spec.steps),
         "batch_size": str(config.batch_size or spec.batch_size),
-        "lr_scale": f"{lr_scale(spec, config):.12g}",
+        "lr_scale": _lr_scale_text(spec, config),
         "python": python,
         "output_dir": output_dir or "{output_dir}",
     }
@@ -121,7 +121,7 @@ def work_env(spec: JobSpec, config: Config, mode: str) -> dict[str, str]:
     if spec.target_metric is not None and spec.target_value is not None:
         env[TARGET_METRIC_ENV] = spec.target_metric
         env[TARGET_VALUE_ENV] = repr(float(spec.target_value))
-    env[LR_SCALE_ENV] = f"{lr_scale(spec, config):.12g}"
+    env[LR_SCALE_ENV] = _lr_scale_text(spec, config)
     return env
 
 
@@ -130,3 +130,7 @@ def lr_scale(spec: JobSpec, config: Config) -> float:
     (Goyal et al.) batch size ÷ the job's ``batch_size``, ``sqrt`` its square root, ``none`` 1."""
     ratio = (config.batch_size or spec.batch_size) / spec.batch_size
     return {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[spec.lr_scaling]
+
+
+def _lr_scale_text(spec: JobSpec, config: Config) -> str:
+    return f"{lr_scale(spec, config):.12g}"
